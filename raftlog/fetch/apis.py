@@ -1,0 +1,566 @@
+"""Request handlers: one method per Kafka API, turning decoded requests into response bodies.
+
+Handlers run their synchronous part in request order on the connection's reader task and
+return either a body or a coroutine function that finishes it (see ``server.py``). They
+never raise for bad input: every expected failure is a Kafka error code in the body.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from raftlog.config import TOPIC_CONFIG_KEYS, ServerConfig
+from raftlog.fetch.codec import Struct
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import (
+    API_VERSIONS,
+    CREATE_PARTITIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    DESCRIBE_CONFIGS,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+)
+from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext, api_versions_body
+from raftlog.metadata.quorum import Quorum
+from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic
+from raftlog.metadata.state import MetadataImage, assign_replicas
+from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
+from raftlog.partition.manager import Partition, PartitionManager, now_ms
+
+log = logging.getLogger(__name__)
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+READ_COMMITTED = 1
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+CONFIG_SOURCE_TOPIC = 1
+CONFIG_SOURCE_STATIC_BROKER = 4
+CONFIG_SOURCE_DEFAULT = 5
+ADMIN_TIMEOUT_S = 10.0
+_ATTRIBUTES = struct.Struct(">h")
+_BATCH_LENGTH = struct.Struct(">i")
+TRANSACTIONAL_FLAG = 0x10
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """A Fetch request, normalised once so a long poll can re-read it cheaply."""
+
+    version: int
+    isolation_level: int
+    max_bytes: int
+    min_bytes: int
+    partitions: tuple[tuple[str, tuple[Struct, ...]], ...]
+
+
+class KafkaApis:
+    """The broker's handlers, bound to its configuration, quorum and partitions."""
+
+    def __init__(self, config: ServerConfig, quorum: Quorum, manager: PartitionManager) -> None:
+        self.config = config
+        self.quorum = quorum
+        self.manager = manager
+
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[int, Callable[[RequestContext], HandlerResult]] = {
+            API_VERSIONS.key: self.api_versions,
+            METADATA.key: self.metadata,
+            PRODUCE.key: self.produce,
+            FETCH.key: self.fetch,
+            LIST_OFFSETS.key: self.list_offsets,
+            CREATE_TOPICS.key: self.create_topics,
+            DELETE_TOPICS.key: self.delete_topics,
+            CREATE_PARTITIONS.key: self.create_partitions,
+            DESCRIBE_CONFIGS.key: self.describe_configs,
+        }
+        return dict(table)
+
+    # -- ApiVersions, Metadata -----------------------------------------------------------------
+
+    def api_versions(self, ctx: RequestContext) -> HandlerResult:
+        return api_versions_body(ErrorCode.NONE, self.handlers())
+
+    def metadata(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        image = self.quorum.image
+        if request.topics is None or (version == 0 and not request.topics):
+            names = sorted(image.topics)
+            return self._metadata_body(image, names)
+        names = [t.name for t in request.topics]
+        allow_create = self.config.auto_create_topics_enable and (
+            version < 4 or request.allow_auto_topic_creation
+        )
+        missing = [n for n in names if n not in image.topics]
+        if not (allow_create and missing):
+            return self._metadata_body(image, names)
+
+        async def create_then_describe() -> Body:
+            for name in missing:
+                await self._create_topic(name, -1, -1, (), {})
+            return self._metadata_body(self.quorum.image, names)
+
+        return create_then_describe
+
+    def _metadata_body(self, image: MetadataImage, names: list[str]) -> Body:
+        brokers = [
+            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in image.brokers.values()
+        ]
+        return {
+            "throttle_time_ms": 0,
+            "brokers": brokers,
+            "cluster_id": self.config.cluster_id,
+            "controller_id": image.controller_node_id if image.controller_node_id else -1,
+            "topics": [self._topic_metadata(image, name) for name in names],
+        }
+
+    def _topic_metadata(self, image: MetadataImage, name: str) -> Body:
+        topic = image.topics.get(name)
+        if topic is None:
+            return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name,
+                    "partitions": []}
+        partitions = [
+            {
+                "error_code": 0,
+                "partition_index": p.partition,
+                "leader_id": p.leader,
+                "leader_epoch": p.leader_epoch,
+                "replica_nodes": list(p.replicas),
+                "isr_nodes": list(p.isr),
+                "offline_replicas": [],
+            }
+            for p in topic.partitions
+        ]
+        return {"error_code": 0, "name": name, "is_internal": False, "partitions": partitions}
+
+    # -- Produce -------------------------------------------------------------------------------
+
+    def produce(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        if version in PRODUCE.rejected:
+            # Advertised only so old librdkafka enables compression (KAFKA-18659).
+            return _produce_body(request, ErrorCode.UNSUPPORTED_VERSION)
+        if request.acks not in (-1, 0, 1):
+            return _produce_body(request, ErrorCode.INVALID_REQUIRED_ACKS)
+        results: dict[str, list[Body]] = {}
+        waits: list[tuple[Partition, int, Body]] = []
+        for topic in request.topic_data:
+            for data in topic.partition_data:
+                result, wait = self._append(topic.name, data.index, data.records)
+                results.setdefault(topic.name, []).append(result)
+                if wait is not None:
+                    waits.append((wait[0], wait[1], result))
+        body: Body = {
+            "responses": [
+                {"name": name, "partition_responses": parts} for name, parts in results.items()
+            ],
+            "throttle_time_ms": 0,
+        }
+        if request.acks == 0:
+            return None
+        if not waits:
+            return body
+        deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
+
+        async def wait_until_durable() -> Body:
+            for partition, target, result in waits:
+                if not await partition.wait_high_watermark(target, deadline):
+                    result["error_code"] = (
+                        ErrorCode.NOT_LEADER_OR_FOLLOWER
+                        if partition.deleted
+                        else ErrorCode.REQUEST_TIMED_OUT
+                    )
+            return body
+
+        return wait_until_durable
+
+    def _append(
+        self, topic: str, index: int, records: memoryview | None
+    ) -> tuple[Body, tuple[Partition, int] | None]:
+        result: Body = {"index": index, "error_code": 0, "base_offset": -1,
+                        "log_append_time_ms": -1, "log_start_offset": -1}
+        partition = self.manager.get(topic, index)
+        if partition is None:
+            result["error_code"] = self._missing_partition_error(topic, index)
+            return result, None
+        if records is None or len(records) == 0:
+            return _record_error(result, ErrorCode.INVALID_RECORD, "empty record set"), None
+        if _has_transactional_batch(records):
+            # No transaction coordinator has added this partition to a transaction.
+            return _record_error(result, ErrorCode.INVALID_TXN_STATE,
+                                 "transactional batch outside a transaction"), None
+        try:
+            info = partition.log.append(records, leader_epoch=partition.leader_epoch,
+                                        now_ms=now_ms())
+        except PartitionLogError as exc:
+            log.info("rejected produce to %s-%d: %s", topic, index, exc)
+            return _record_error(result, ErrorCode(exc.error_code), str(exc)), None
+        self.manager.note_append(partition)
+        result["base_offset"] = info.base_offset
+        result["log_append_time_ms"] = info.log_append_time_ms
+        result["log_start_offset"] = partition.log.log_start_offset
+        return result, (partition, info.last_offset + 1)
+
+    def _missing_partition_error(self, topic: str, index: int) -> ErrorCode:
+        known = self.quorum.image.topics.get(topic)
+        if known is not None and 0 <= index < len(known.partitions):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    # -- Fetch ---------------------------------------------------------------------------------
+
+    def fetch(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        plan = FetchPlan(
+            version=ctx.header.api_version,
+            isolation_level=request.isolation_level,
+            max_bytes=max(request.max_bytes, 0),
+            min_bytes=max(request.min_bytes, 0),
+            partitions=tuple((t.topic, t.partitions) for t in request.topics),
+        )
+        body, total_bytes, failed = self._read_fetch(plan)
+        if total_bytes >= plan.min_bytes or failed or request.max_wait_ms <= 0:
+            return body
+        _close_regions(body)
+        deadline = trio.current_time() + request.max_wait_ms / 1000
+
+        async def long_poll() -> Body:
+            while True:
+                await self.manager.wait_for_data(deadline)
+                body, total_bytes, failed = self._read_fetch(plan)
+                if total_bytes >= plan.min_bytes or failed or trio.current_time() >= deadline:
+                    return body
+                _close_regions(body)
+
+        return long_poll
+
+    def _read_fetch(self, plan: FetchPlan) -> tuple[Body, int, bool]:
+        budget = plan.max_bytes
+        total = 0
+        failed = False
+        topics = []
+        for name, partitions in plan.partitions:
+            out = []
+            for request in partitions:
+                result, size = self._read_partition(plan, name, request, budget, total == 0)
+                budget = max(budget - size, 0)
+                total += size
+                failed = failed or result["error_code"] != 0
+                out.append(result)
+            topics.append({"topic": name, "partitions": out})
+        body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": topics}
+        return body, total, failed
+
+    def _read_partition(
+        self, plan: FetchPlan, topic: str, request: Struct, budget: int, first: bool
+    ) -> tuple[Body, int]:
+        result: Body = {"partition_index": request.partition, "error_code": 0,
+                        "high_watermark": -1, "last_stable_offset": -1,
+                        "log_start_offset": -1, "records": None,
+                        "aborted_transactions": [] if plan.isolation_level else None}
+        partition = self.manager.get(topic, request.partition)
+        if partition is None:
+            result["error_code"] = self._missing_partition_error(topic, request.partition)
+            return result, 0
+        epoch_error = _check_leader_epoch(request.current_leader_epoch, partition.leader_epoch)
+        if epoch_error:
+            result["error_code"] = epoch_error
+            return result, 0
+        partition_log = partition.log
+        result["high_watermark"] = partition.high_watermark
+        result["last_stable_offset"] = partition.last_stable_offset
+        result["log_start_offset"] = partition_log.log_start_offset
+        offset = request.fetch_offset
+        if offset < partition_log.log_start_offset or offset > partition_log.log_end_offset:
+            result["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
+            return result, 0
+        max_offset = (partition.last_stable_offset if plan.isolation_level == READ_COMMITTED
+                      else partition.high_watermark)
+        limit = min(max(request.partition_max_bytes, 0), budget)
+        if offset >= max_offset or (limit == 0 and not first):
+            result["records"] = b""
+            return result, 0
+        try:
+            read = partition_log.read(offset, limit, max_offset=max_offset, min_one_batch=first)
+        except OffsetOutOfRangeError:
+            result["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
+            return result, 0
+        result["records"] = read.slices
+        return result, sum(s.size_bytes for s in read.slices)
+
+    # -- ListOffsets ---------------------------------------------------------------------------
+
+    def list_offsets(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        topics = []
+        for topic in request.topics:
+            parts = [self._list_offset(topic.name, p, request.isolation_level)
+                     for p in topic.partitions]
+            topics.append({"name": topic.name, "partitions": parts})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    def _list_offset(self, topic: str, request: Struct, isolation_level: int) -> Body:
+        result: Body = {"partition_index": request.partition_index, "error_code": 0,
+                        "timestamp": -1, "offset": -1, "leader_epoch": -1}
+        partition = self.manager.get(topic, request.partition_index)
+        if partition is None:
+            result["error_code"] = self._missing_partition_error(topic, request.partition_index)
+            return result
+        epoch_error = _check_leader_epoch(request.current_leader_epoch, partition.leader_epoch)
+        if epoch_error:
+            result["error_code"] = epoch_error
+            return result
+        result["leader_epoch"] = partition.leader_epoch
+        if request.timestamp == LATEST_TIMESTAMP:
+            result["offset"] = (partition.last_stable_offset if isolation_level == READ_COMMITTED
+                                else partition.high_watermark)
+        elif request.timestamp == EARLIEST_TIMESTAMP:
+            result["offset"] = partition.log.log_start_offset
+        elif request.timestamp >= 0:
+            found = partition.log.offset_for_timestamp(request.timestamp)
+            if found is not None and found[0] < partition.high_watermark:
+                result["offset"], result["timestamp"] = found
+        else:
+            result["error_code"] = ErrorCode.INVALID_REQUEST
+        return result
+
+    # -- Admin: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs ----------------
+
+    def create_topics(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+
+        async def create_all() -> Body:
+            results = []
+            for topic in request.topics:
+                configs = {c.name: c.value for c in topic.configs if c.value is not None}
+                assignments = tuple(tuple(a.broker_ids) for a in
+                                    sorted(topic.assignments, key=lambda a: a.partition_index))
+                code, message = await self._create_topic(
+                    topic.name, topic.num_partitions, topic.replication_factor, assignments,
+                    configs, validate_only=request.validate_only)
+                results.append({"name": topic.name, "error_code": code, "error_message": message})
+            return {"throttle_time_ms": 0, "topics": results}
+
+        return create_all
+
+    async def _create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignments: tuple[tuple[int, ...], ...],
+        configs: Mapping[str, str],
+        *,
+        validate_only: bool = False,
+    ) -> tuple[int, str | None]:
+        image = self.quorum.image
+        if name in image.topics:
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists."
+        unknown = sorted(set(configs) - TOPIC_CONFIG_KEYS)
+        if unknown:
+            return ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {unknown[0]}"
+        if num_partitions == -1:
+            num_partitions = self.config.num_partitions
+        if replication_factor == -1:
+            replication_factor = self.config.default_replication_factor
+        live = sorted(image.brokers)
+        if not assignments:
+            if num_partitions <= 0:
+                return ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
+            if not 0 < replication_factor <= len(live):
+                return (ErrorCode.INVALID_REPLICATION_FACTOR,
+                        f"Replication factor {replication_factor} is outside [1, {len(live)}]:"
+                        f" there are {len(live)} brokers.")
+            assignments = assign_replicas(num_partitions, replication_factor, live, 0)
+        elif any(b not in image.brokers for a in assignments for b in a):
+            return ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Assignment names an unknown broker."
+        if validate_only:
+            return ErrorCode.NONE, None
+        record = CreateTopic(name=name, topic_id=uuid.uuid4().bytes, partitions=assignments,
+                             configs=tuple(sorted(configs.items())))
+        return await self._propose(record)
+
+    async def _propose(self, record: Any) -> tuple[int, str | None]:
+        try:
+            result = await self.quorum.propose(record, timeout_s=ADMIN_TIMEOUT_S)
+        except (TimeoutError, trio.TooSlowError):
+            return ErrorCode.REQUEST_TIMED_OUT, "The metadata quorum did not commit in time."
+        self.sync_partitions()
+        return result.error_code, result.message
+
+    def delete_topics(self, ctx: RequestContext) -> HandlerResult:
+        names = list(ctx.body.topic_names)
+
+        async def delete_all() -> Body:
+            responses = []
+            for name in names:
+                topic = self.quorum.image.topics.get(name)
+                if topic is None:
+                    code: int = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    code, _ = await self._propose(DeleteTopic(name=name, topic_id=topic.topic_id))
+                responses.append({"name": name, "error_code": code})
+            return {"throttle_time_ms": 0, "responses": responses}
+
+        return delete_all
+
+    def create_partitions(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+
+        async def create_all() -> Body:
+            results = []
+            for topic in request.topics:
+                code, message = await self._add_partitions(
+                    topic.name, topic.count, topic.assignments, request.validate_only)
+                results.append({"name": topic.name, "error_code": code, "error_message": message})
+            return {"throttle_time_ms": 0, "results": results}
+
+        return create_all
+
+    async def _add_partitions(
+        self, name: str, count: int, assignments: tuple[Struct, ...] | None, validate_only: bool
+    ) -> tuple[int, str | None]:
+        image = self.quorum.image
+        topic = image.topics.get(name)
+        if topic is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist."
+        current = len(topic.partitions)
+        if count <= current:
+            return (ErrorCode.INVALID_PARTITIONS,
+                    f"Topic currently has {current} partitions, {count} would not be an increase.")
+        if assignments is not None:
+            new = tuple(tuple(a.broker_ids) for a in assignments)
+            if len(new) != count - current:
+                return ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Wrong number of assignments."
+        else:
+            replication_factor = len(topic.partitions[0].replicas)
+            new = assign_replicas(count - current, replication_factor, sorted(image.brokers),
+                                  current)
+        if validate_only:
+            return ErrorCode.NONE, None
+        return await self._propose(CreatePartitions(name=name, new_partitions=new))
+
+    def describe_configs(self, ctx: RequestContext) -> HandlerResult:
+        version = ctx.header.api_version
+        results = [self._describe_resource(r, version) for r in ctx.body.resources]
+        return {"throttle_time_ms": 0, "results": results}
+
+    def _describe_resource(self, resource: Struct, version: int) -> Body:
+        result: Body = {"error_code": 0, "error_message": None,
+                        "resource_type": resource.resource_type,
+                        "resource_name": resource.resource_name, "configs": []}
+        if resource.resource_type == RESOURCE_TOPIC:
+            topic = self.quorum.image.topics.get(resource.resource_name)
+            if topic is None:
+                result["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                return result
+            entries = self._topic_config_entries(dict(topic.configs))
+        elif resource.resource_type == RESOURCE_BROKER:
+            entries = [(k, v, CONFIG_SOURCE_STATIC_BROKER)
+                       for k, v in sorted(self.config.raw_properties.items())]
+        else:
+            result["error_code"] = ErrorCode.INVALID_REQUEST
+            result["error_message"] = f"Unsupported resource type {resource.resource_type}"
+            return result
+        wanted = resource.configuration_keys
+        result["configs"] = [
+            {"name": k, "value": v, "read_only": False, "is_default": source ==
+             CONFIG_SOURCE_DEFAULT, "config_source": source, "is_sensitive": False,
+             "synonyms": []}
+            for k, v, source in entries if wanted is None or k in wanted
+        ]
+        return result
+
+    def _topic_config_entries(self, overrides: Mapping[str, str]) -> list[tuple[str, str, int]]:
+        defaults = self.config.topic_defaults()
+        entries = []
+        for key in sorted(TOPIC_CONFIG_KEYS):
+            if key in overrides:
+                entries.append((key, overrides[key], CONFIG_SOURCE_TOPIC))
+            elif key in defaults:
+                entries.append((key, defaults[key], CONFIG_SOURCE_DEFAULT))
+        return entries
+
+    # -- keeping local partitions in step with metadata --------------------------------------
+
+    def sync_partitions(self) -> None:
+        """Opens logs for partitions this node leads and deletes those of deleted topics."""
+        image = self.quorum.image
+        wanted: set[tuple[str, int]] = set()
+        for topic in image.topics.values():
+            configs = {**self.config.topic_defaults(), **dict(topic.configs)}
+            for p in topic.partitions:
+                if self.config.node_id in p.replicas:
+                    wanted.add((topic.name, p.partition))
+                    self.manager.ensure_partition(topic.name, p.partition, configs,
+                                                  p.leader_epoch)
+            self.manager.update_configs(topic.name, configs)
+        for key in list(self.manager.partitions):
+            if key not in wanted:
+                self.manager.remove_partition(*key)
+
+
+def _check_leader_epoch(requested: int, current: int) -> int:
+    """KIP-320: a client that knows a newer epoch than ours, or an older one, is told so."""
+    if requested < 0 or requested == current:
+        return 0
+    return ErrorCode.FENCED_LEADER_EPOCH if requested < current else ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def _has_transactional_batch(records: memoryview) -> bool:
+    """Walks batch headers (no CRC work) looking for the isTransactional attribute bit."""
+    pos = 0
+    while pos + 23 <= len(records):
+        (length,) = _BATCH_LENGTH.unpack_from(records, pos + 8)
+        (attributes,) = _ATTRIBUTES.unpack_from(records, pos + 21)
+        if attributes & TRANSACTIONAL_FLAG:
+            return True
+        if length <= 0:
+            return False  # malformed: append's validation reports it
+        pos += 12 + length
+    return False
+
+
+def _record_error(result: Body, code: ErrorCode, message: str) -> Body:
+    result["error_code"] = code
+    result["error_message"] = message
+    result["record_errors"] = [{"batch_index": 0, "batch_index_error_message": message}]
+    return result
+
+
+def _produce_body(request: Struct, error: ErrorCode) -> Body:
+    return {
+        "responses": [
+            {
+                "name": topic.name,
+                "partition_responses": [
+                    {"index": p.index, "error_code": error, "base_offset": -1}
+                    for p in topic.partition_data
+                ],
+            }
+            for topic in request.topic_data
+        ],
+        "throttle_time_ms": 0,
+    }
+
+
+def _close_regions(body: Body) -> None:
+    for topic in body["responses"]:
+        for partition in topic["partitions"]:
+            records = partition["records"]
+            if isinstance(records, list):
+                for region in records:
+                    region.close()
