@@ -68,7 +68,7 @@ def _key_values(items: Sequence[str], what: str) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"{what} {item!r} is not KEY=VALUE")
+            raise ConfigError(what, f"{item!r} is not KEY=VALUE")
         out[key.strip()] = value.strip()
     return out
 

@@ -89,11 +89,16 @@ def _produce(bootstrap: str, count: int) -> tuple[float, Counter[str]]:
     rng = random.Random(42)
     pages: Counter[str] = Counter()
     failures: list[Any] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(error)
+
     started = time.monotonic()
     for _ in range(count):
         key, value = _event(rng, int(time.time() * 1000))
         pages[json.loads(value)["page"]] += 1
-        producer.produce(TOPIC, value, key, on_delivery=lambda e, m: e and failures.append(e))
+        producer.produce(TOPIC, value, key, on_delivery=delivered)
         producer.poll(0)
     producer.flush(30)
     if failures:
@@ -115,14 +120,14 @@ def _consume(bootstrap: str, expected: int) -> tuple[float, Counter[int], Counte
         for message in consumer.consume(1000, timeout=1.0):
             if message.error():
                 continue
-            per_partition[message.partition()] += 1
-            pages[json.loads(message.value())["page"]] += 1
+            per_partition[message.partition() or 0] += 1
+            pages[json.loads(message.value() or b"{}")["page"]] += 1
     consumer.close()
     return time.monotonic() - started, per_partition, pages
 
 
 def _create_topic(bootstrap: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])

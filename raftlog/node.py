@@ -16,7 +16,7 @@ import trio
 from raftlog.config import ServerConfig
 from raftlog.fetch.apis import KafkaApis
 from raftlog.fetch.server import ListenerLimits, serve_listener
-from raftlog.metadata.quorum import LocalQuorum
+from raftlog.metadata.quorum import LocalNode, LocalQuorum, QuorumTimeoutError
 from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.manager import PartitionManager
 
@@ -37,10 +37,13 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         host, port = self.config.listener("PLAINTEXT")
         advertised_host, advertised_port = self.config.advertised_listener()
-        quorum = await LocalQuorum.open(
-            self.data_dir, MetadataStateMachine(), node_id=self.config.node_id,
-            host=advertised_host, port=advertised_port,
-        )
+        node = LocalNode(self.config.node_id, advertised_host, advertised_port)
+        async with LocalQuorum(self.config.metadata_log_dir, MetadataStateMachine(),
+                               node=node) as quorum:
+            await self._serve(quorum, host, port, task_status)
+
+    async def _serve(self, quorum: LocalQuorum, host: str, port: int,
+                     task_status: trio.TaskStatus[int]) -> None:
         apis = KafkaApis(self.config, quorum, self.manager)
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()
@@ -61,7 +64,6 @@ class Node:
                 task_status.started(self.kafka_port)
         finally:
             self.manager.close()
-            await quorum.close()
             log.info("node %d stopped", self.config.node_id)
 
 
@@ -69,10 +71,12 @@ async def _follow_metadata(quorum: LocalQuorum, apis: KafkaApis) -> None:
     """Keeps local partitions in step with metadata committed by anyone."""
     version = quorum.image.version
     while True:
-        await quorum.wait_changed(version, timeout_s=METADATA_WATCH_TIMEOUT_S)
-        if quorum.image.version != version:
-            version = quorum.image.version
-            apis.sync_partitions()
+        try:
+            image = await quorum.wait_changed(version, timeout_s=METADATA_WATCH_TIMEOUT_S)
+        except QuorumTimeoutError:
+            continue
+        version = image.version
+        apis.sync_partitions()
 
 
 async def run_until_signalled(config: ServerConfig) -> None:

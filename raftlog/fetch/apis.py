@@ -7,12 +7,12 @@ never raise for bad input: every expected failure is a Kafka error code in the b
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -31,9 +31,11 @@ from raftlog.fetch.schemas import (
     PRODUCE,
 )
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext, api_versions_body
-from raftlog.metadata.quorum import Quorum
-from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic
-from raftlog.metadata.state import MetadataImage, assign_replicas
+from raftlog.metadata.errors import wire_error_code
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.placement import PlacementError, assign_replicas
+from raftlog.metadata.quorum import Quorum, QuorumError
+from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
 from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 
@@ -122,7 +124,7 @@ class KafkaApis:
             "throttle_time_ms": 0,
             "brokers": brokers,
             "cluster_id": self.config.cluster_id,
-            "controller_id": image.controller_node_id if image.controller_node_id else -1,
+            "controller_id": image.controller_node_id,
             "topics": [self._topic_metadata(image, name) for name in names],
         }
 
@@ -376,15 +378,18 @@ class KafkaApis:
             num_partitions = self.config.num_partitions
         if replication_factor == -1:
             replication_factor = self.config.default_replication_factor
-        live = sorted(image.brokers)
+        live = list(image.live_broker_ids())
         if not assignments:
             if num_partitions <= 0:
                 return ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
             if not 0 < replication_factor <= len(live):
                 return (ErrorCode.INVALID_REPLICATION_FACTOR,
                         f"Replication factor {replication_factor} is outside [1, {len(live)}]:"
-                        f" there are {len(live)} brokers.")
-            assignments = assign_replicas(num_partitions, replication_factor, live, 0)
+                        f" there are {len(live)} live brokers.")
+            try:
+                assignments = assign_replicas(num_partitions, replication_factor, live, 0)
+            except PlacementError as exc:
+                return exc.error_code, str(exc)
         elif any(b not in image.brokers for a in assignments for b in a):
             return ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Assignment names an unknown broker."
         if validate_only:
@@ -393,13 +398,14 @@ class KafkaApis:
                              configs=tuple(sorted(configs.items())))
         return await self._propose(record)
 
-    async def _propose(self, record: Any) -> tuple[int, str | None]:
+    async def _propose(self, record: Record) -> tuple[int, str | None]:
         try:
             result = await self.quorum.propose(record, timeout_s=ADMIN_TIMEOUT_S)
-        except (TimeoutError, trio.TooSlowError):
-            return ErrorCode.REQUEST_TIMED_OUT, "The metadata quorum did not commit in time."
+        except QuorumError as exc:
+            log.warning("metadata proposal failed: %s", exc)
+            return ErrorCode.REQUEST_TIMED_OUT, f"The metadata quorum did not commit: {exc}"
         self.sync_partitions()
-        return result.error_code, result.message
+        return wire_error_code(result.error_code), result.message
 
     def delete_topics(self, ctx: RequestContext) -> HandlerResult:
         names = list(ctx.body.topic_names)
@@ -447,8 +453,12 @@ class KafkaApis:
                 return ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Wrong number of assignments."
         else:
             replication_factor = len(topic.partitions[0].replicas)
-            new = assign_replicas(count - current, replication_factor, sorted(image.brokers),
-                                  current)
+            try:
+                new = assign_replicas(count - current, replication_factor,
+                                      list(image.live_broker_ids()), current,
+                                      first_partition=current)
+            except PlacementError as exc:
+                return exc.error_code, str(exc)
         if validate_only:
             return ErrorCode.NONE, None
         return await self._propose(CreatePartitions(name=name, new_partitions=new))
@@ -470,7 +480,7 @@ class KafkaApis:
             entries = self._topic_config_entries(dict(topic.configs))
         elif resource.resource_type == RESOURCE_BROKER:
             entries = [(k, v, CONFIG_SOURCE_STATIC_BROKER)
-                       for k, v in sorted(self.config.raw_properties.items())]
+                       for k, v in sorted(_broker_properties(self.config).items())]
         else:
             result["error_code"] = ErrorCode.INVALID_REQUEST
             result["error_message"] = f"Unsupported resource type {resource.resource_type}"
@@ -511,6 +521,18 @@ class KafkaApis:
         for key in list(self.manager.partitions):
             if key not in wanted:
                 self.manager.remove_partition(*key)
+
+
+def _broker_properties(config: ServerConfig) -> dict[str, str]:
+    """The broker's effective static settings under Kafka's property names."""
+    out = {}
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if item.name == "raft_secret" or not isinstance(value, int | str | bool):
+            continue
+        out[item.name.replace("_", ".")] = str(value).lower() if isinstance(value, bool) \
+            else str(value)
+    return out
 
 
 def _check_leader_epoch(requested: int, current: int) -> int:

@@ -142,7 +142,7 @@ class KafkaConnection:
 
 def _is_v0_error(body: memoryview) -> bool:
     """An ApiVersions error answer is a v0 body whatever version was asked (KIP-511)."""
-    return len(body) >= 2 and body[0:2] == b"\x00\x23"
+    return len(body) >= 2 and bytes(body[0:2]) == b"\x00\x23"
 
 
 async def connect_any(bootstrap: str, *, client_id: str = "raftlog-cli") -> KafkaConnection:

@@ -475,6 +475,9 @@ class _Compiled:
     fields: tuple[tuple[str, Reader, Writer, Callable[[], Any]], ...]
     tagged: dict[int, tuple[str, Reader, Writer, Callable[[], Any]]]
     flexible: bool
+    # Fields declared for other versions: decoded structs carry them at their default, so
+    # handlers read every field the same way whatever version the client spoke.
+    absent: tuple[tuple[str, Callable[[], Any]], ...] = ()
 
 
 def _primitive_codec(type_name: str, compact: bool, nullable: bool) -> tuple[Reader, Writer]:
@@ -527,8 +530,10 @@ def _default_factory(f: Field, version: int) -> Callable[[], Any]:
 def _compile_struct(fields: tuple[Field, ...], version: int, flexible: bool) -> _Compiled:
     regular = []
     tagged = {}
+    absent = []
     for f in fields:
         if version not in f.version_range:
+            absent.append((f.name, _absent_default(f)))
             continue
         reader, writer = _field_codec(f, version, flexible)
         entry = (f.name, reader, writer, _default_factory(f, version))
@@ -537,7 +542,19 @@ def _compile_struct(fields: tuple[Field, ...], version: int, flexible: bool) -> 
             tagged[f.tag] = entry
         else:
             regular.append(entry)
-    return _Compiled(tuple(regular), tagged, flexible)
+    return _Compiled(tuple(regular), tagged, flexible, tuple(absent))
+
+
+def _absent_default(f: Field) -> Callable[[], Any]:
+    if f.default is not None:
+        default = f.default
+        return lambda: default
+    if isinstance(f.type, list) or (isinstance(f.type, str) and f.type.startswith("[]")):
+        return lambda: ()
+    if isinstance(f.type, tuple):
+        return lambda: None
+    zero = _ZERO_DEFAULTS[f.type]
+    return lambda: zero
 
 
 def _struct_reader(compiled: _Compiled) -> Reader:
@@ -547,6 +564,8 @@ def _struct_reader(compiled: _Compiled) -> Reader:
             values[name], pos = reader(buf, pos)
         if compiled.flexible:
             pos = _read_tagged(buf, pos, compiled, values)
+        for name, make in compiled.absent:
+            values[name] = make()
         return Struct(values), pos
 
     return read

@@ -1,0 +1,178 @@
+"""The metadata image: an immutable snapshot of cluster metadata at one log offset.
+
+Everything here is a frozen dataclass, a tuple or a ``MappingProxyType``, so a trio task holding an
+image can read it at leisure while the state machine builds the next one. Applying a record never
+mutates an image; it builds a new one and the owner swaps a single reference.
+
+Thread-safety: images are immutable and safe to share between threads and tasks.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from raftlog.metadata import _codec
+from raftlog.metadata._codec import CodecError
+
+# Kafka's "no leader" partition leader id.
+NO_LEADER: Final = -1
+# Offset of an image to which nothing has been applied yet.
+EMPTY_VERSION: Final = -1
+# Snapshot layout version, bumped whenever an image dataclass changes shape.
+IMAGE_FORMAT_VERSION: Final = 1
+_IMAGE_KIND: Final = "raftlog.metadata.image"
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def frozen_mapping(items: Mapping[K, V] | None = None) -> Mapping[K, V]:
+    """Return a read-only copy of ``items``."""
+    return types.MappingProxyType(dict(items or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerImage:
+    """A registered broker.
+
+    Attributes:
+        epoch: Offset of the RegisterBroker record of this incarnation (KRaft's broker epoch).
+        version: Offset of the last record that changed this broker.
+    """
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+    incarnation_id: str
+    fenced: bool
+    epoch: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionImage:
+    """One partition: its replicas, in-sync replicas and leader."""
+
+    partition: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicImage:
+    """A topic; ``version`` is the offset of the last record that changed it (for CAS)."""
+
+    name: str
+    topic_id: bytes
+    partitions: tuple[PartitionImage, ...]
+    configs: Mapping[str, str]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResourceImage:
+    """Dynamic broker configs: ``resource_name`` "" is the cluster default, else a node id."""
+
+    resource_name: str
+    configs: Mapping[str, str]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataImage:
+    """All cluster metadata as of log offset ``version``.
+
+    Attributes:
+        version: Offset of the last applied record, including rejected ones, so a reader waiting
+            for "my command at offset N" can wait for ``version >= N``.
+        controller_term: Term of the last accepted BecomeController; 0 means none yet.
+        controller_node_id: The node that became controller in ``controller_term``, or -1.
+        next_producer_id: First producer id not yet handed out in a ProducerIdBlock.
+    """
+
+    version: int = EMPTY_VERSION
+    brokers: Mapping[int, BrokerImage] = field(default_factory=frozen_mapping)
+    topics: Mapping[str, TopicImage] = field(default_factory=frozen_mapping)
+    topic_names_by_id: Mapping[bytes, str] = field(default_factory=frozen_mapping)
+    broker_configs: Mapping[str, ConfigResourceImage] = field(default_factory=frozen_mapping)
+    controller_term: int = 0
+    controller_node_id: int = -1
+    next_producer_id: int = 0
+
+    def topic(self, name: str) -> TopicImage | None:
+        """The topic called ``name``, or None."""
+        return self.topics.get(name)
+
+    def topic_by_id(self, topic_id: bytes) -> TopicImage | None:
+        """The topic with id ``topic_id``, or None."""
+        name = self.topic_names_by_id.get(topic_id)
+        return None if name is None else self.topics[name]
+
+    def partition(self, topic: str, partition: int) -> PartitionImage | None:
+        """One partition of a topic, or None if either does not exist."""
+        image = self.topics.get(topic)
+        if image is None or not 0 <= partition < len(image.partitions):
+            return None
+        return image.partitions[partition]
+
+    def live_broker_ids(self) -> tuple[int, ...]:
+        """Ids of registered, unfenced brokers in ascending order (placement input)."""
+        return tuple(sorted(b.node_id for b in self.brokers.values() if not b.fenced))
+
+
+def image_to_bytes(image: MetadataImage) -> bytes:
+    """Encode an image as canonical CBOR: equal images give equal bytes."""
+    header = {"kind": _IMAGE_KIND, "format": IMAGE_FORMAT_VERSION}
+    return _codec.dumps({**header, "image": _codec.to_plain(image)})
+
+
+def image_from_bytes(data: bytes) -> MetadataImage:
+    """Decode bytes from :func:`image_to_bytes` and check the image's invariants.
+
+    Raises:
+        CodecError: the bytes are not an image of a supported format.
+    """
+    plain = _codec.loads(data)
+    header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
+    if header != (_IMAGE_KIND, IMAGE_FORMAT_VERSION):
+        raise CodecError(f"not a metadata image of a supported format: {header}")
+    assert isinstance(plain, dict)
+    image: MetadataImage = _codec.from_plain(MetadataImage, plain.get("image"), "image")
+    check_image(image)
+    return image
+
+
+def check_image(image: MetadataImage) -> None:
+    """Assert the invariants every image must satisfy (used by tests and snapshot loading)."""
+    assert image.version >= EMPTY_VERSION
+    assert len(image.topic_names_by_id) == len(image.topics)
+    for node_id, broker in image.brokers.items():
+        assert node_id == broker.node_id
+        assert broker.epoch <= broker.version <= image.version
+    for name, topic in image.topics.items():
+        assert name == topic.name
+        assert image.topic_names_by_id.get(topic.topic_id) == name
+        assert topic.version <= image.version
+        for index, partition in enumerate(topic.partitions):
+            _check_partition(index, partition)
+    for name, resource in image.broker_configs.items():
+        assert name == resource.resource_name
+        assert resource.version <= image.version
+    assert image.controller_term >= 0
+    assert image.next_producer_id >= 0
+
+
+def _check_partition(index: int, partition: PartitionImage) -> None:
+    assert partition.partition == index
+    assert len(set(partition.replicas)) == len(partition.replicas) > 0
+    assert set(partition.isr) <= set(partition.replicas)
+    assert partition.leader == NO_LEADER or partition.leader in partition.isr
+    assert partition.leader_epoch >= 0
+    assert partition.partition_epoch >= 0
