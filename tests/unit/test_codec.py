@@ -14,7 +14,10 @@ from raftlog.fetch.codec import Api, DecodeError, Field, Struct
 from raftlog.fetch.schemas import ALL_APIS, API_VERSIONS, FETCH, METADATA, PRODUCE
 
 _INT_BOUNDS = {
-    "int8": 7, "int16": 15, "int32": 31, "int64": 63,
+    "int8": 7,
+    "int16": 15,
+    "int32": 31,
+    "int64": 63,
 }
 
 
@@ -50,7 +53,9 @@ def _primitive_strategy(type_name: str) -> st.SearchStrategy[Any]:
     raise AssertionError(type_name)
 
 
-def _struct_strategy(fields: list[Field] | tuple[Field, ...], version: int) -> st.SearchStrategy[Any]:
+def _struct_strategy(
+    fields: list[Field] | tuple[Field, ...], version: int
+) -> st.SearchStrategy[Any]:
     present = [f for f in fields if version in f.version_range]
     return st.fixed_dictionaries({f.name: _value_strategy(f, version) for f in present})
 
@@ -97,10 +102,22 @@ def _project(decoded: Any, value: Any) -> Any:
 
 
 def test_decoded_structs_carry_fields_of_other_versions_at_defaults() -> None:
-    raw = codec.encode_bytes(FETCH, 4, {"replica_id": -1, "max_wait_ms": 1, "min_bytes": 1,
-                                        "topics": [{"topic": "t", "partitions": [
-                                            {"partition": 0, "fetch_offset": 5,
-                                             "partition_max_bytes": 10}]}]}, is_request=True)
+    raw = codec.encode_bytes(
+        FETCH,
+        4,
+        {
+            "replica_id": -1,
+            "max_wait_ms": 1,
+            "min_bytes": 1,
+            "topics": [
+                {
+                    "topic": "t",
+                    "partitions": [{"partition": 0, "fetch_offset": 5, "partition_max_bytes": 10}],
+                }
+            ],
+        },
+        is_request=True,
+    )
     decoded = codec.decode(FETCH, 4, raw, is_request=True)
     assert decoded.session_epoch == -1
     assert decoded.rack_id == ""
@@ -131,8 +148,12 @@ def test_flexible_compact_encoding_and_tagged_fields() -> None:
 
 
 def test_unknown_tagged_fields_are_skipped() -> None:
-    raw = codec.encode_bytes(API_VERSIONS, 3, {"client_software_name": "x",
-                                               "client_software_version": "1"}, is_request=True)
+    raw = codec.encode_bytes(
+        API_VERSIONS,
+        3,
+        {"client_software_name": "x", "client_software_version": "1"},
+        is_request=True,
+    )
     # Replace the empty tag buffer with one unknown tag (tag 9, 2 bytes).
     assert raw.endswith(b"\x00")
     patched = raw[:-1] + b"\x01\x09\x02ab"
@@ -164,12 +185,26 @@ class _FakeRegion:
 
 def test_records_regions_are_separate_chunks() -> None:
     body = {
-        "throttle_time_ms": 0, "error_code": 0, "session_id": 0,
-        "responses": [{"topic": "t", "partitions": [{
-            "partition_index": 0, "error_code": 0, "high_watermark": 5,
-            "last_stable_offset": 5, "log_start_offset": 0, "aborted_transactions": None,
-            "preferred_read_replica": -1, "records": [_FakeRegion()],
-        }]}],
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic": "t",
+                "partitions": [
+                    {
+                        "partition_index": 0,
+                        "error_code": 0,
+                        "high_watermark": 5,
+                        "last_stable_offset": 5,
+                        "log_start_offset": 0,
+                        "aborted_transactions": None,
+                        "preferred_read_replica": -1,
+                        "records": [_FakeRegion()],
+                    }
+                ],
+            }
+        ],
     }
     chunks = codec.encode(FETCH, 11, body)
     assert len(chunks) == 2

@@ -20,8 +20,18 @@ from raftlog.fetch.schemas import ALL_APIS
 
 MESSAGE_DIR = Path(__file__).resolve().parents[3] / "shared" / "kafka-protocol" / "message"
 PRIMITIVES = {
-    "bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "string",
-    "bytes", "records", "uuid",
+    "bool",
+    "int8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "float64",
+    "string",
+    "bytes",
+    "records",
+    "uuid",
 }
 
 
@@ -42,8 +52,10 @@ def _json_shape(fields: list[dict[str, Any]], version: int, flexible: bool) -> s
         if version not in VersionRange.parse(f["versions"]):
             continue
         nullable = version in VersionRange.parse(f.get("nullableVersions"))
-        tagged = flexible and "tag" in f and version in VersionRange.parse(
-            f.get("taggedVersions", f["versions"])
+        tagged = (
+            flexible
+            and "tag" in f
+            and version in VersionRange.parse(f.get("taggedVersions", f["versions"]))
         )
         kind = f["type"]
         inner: frozenset[tuple[Any, ...]] = frozenset()
@@ -56,7 +68,9 @@ def _json_shape(fields: list[dict[str, Any]], version: int, flexible: bool) -> s
     return shape
 
 
-def _our_shape(fields: list[Field] | tuple[Field, ...], version: int, flexible: bool) -> set[tuple[Any, ...]]:
+def _our_shape(
+    fields: list[Field] | tuple[Field, ...], version: int, flexible: bool
+) -> set[tuple[Any, ...]]:
     shape: set[tuple[Any, ...]] = set()
     for f in fields:
         if version not in f.version_range:

@@ -1,0 +1,625 @@
+"""PartitionLog: the on-disk log of one partition, as a list of segments.
+
+Plain synchronous code. The owner (the partition's trio task) calls every method from one
+thread; the only thing that may run elsewhere is ``FlushTicket.run``, which touches nothing
+but its own dup'd fds. This split is what lets fsync run in a worker thread while appends
+continue (group commit)::
+
+    ticket = log.begin_flush()                            # owner thread, cheap
+    if ticket is not None:
+        await trio.to_thread.run_sync(ticket.run)         # blocking fsyncs
+        log.complete_flush(ticket)                        # owner thread: advance flushed_offset
+
+Offsets, named as redpanda does so nobody has to guess:
+``log_start_offset <= log_end_offset``; ``flushed_offset <= log_end_offset``: every offset
+below ``flushed_offset`` is on disk; ``log_end_offset`` is the next offset to assign (Kafka's
+LEO, redpanda's dirty offset + 1). The high watermark is the caller's business: pass it as
+``max_offset`` to ``read``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from raftlog.partition.batch import (
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    assign_offsets,
+    parse_header,
+    validate_batches,
+)
+from raftlog.partition.errors import OffsetOutOfRangeError, RecordTooLargeError
+from raftlog.partition.files import TMP_SUFFIX, fsync_directory, open_directory, write_atomically
+from raftlog.partition.index import INT32_MAX
+from raftlog.partition.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    FileSlice,
+    Segment,
+    parse_base_offset,
+)
+
+__all__ = [
+    "CREATE_TIME",
+    "LOG_APPEND_TIME",
+    "AppendInfo",
+    "FileSlice",
+    "FlushTicket",
+    "LogConfig",
+    "LogRead",
+    "PartitionLog",
+]
+
+logger = logging.getLogger(__name__)
+
+CREATE_TIME = "CreateTime"
+LOG_APPEND_TIME = "LogAppendTime"
+_DAY_MS = 24 * 60 * 60 * 1000
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset"
+_CHECKPOINT_VERSION = "0"
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Per-topic log settings: Kafka's names in snake_case, units last.
+
+    ``flush_messages=None`` means fsync before every acknowledgement (raftlog's default, and
+    stricter than Kafka's, which leaves flushing to the OS).
+    """
+
+    segment_bytes: int = 1 << 30  # segment.bytes / log.segment.bytes
+    segment_ms: int = 7 * _DAY_MS  # segment.ms / log.roll.ms
+    retention_ms: int = 7 * _DAY_MS  # retention.ms; -1 = unlimited
+    retention_bytes: int = -1  # retention.bytes; -1 = unlimited
+    index_interval_bytes: int = 4096  # index.interval.bytes
+    flush_messages: int | None = None  # flush.messages
+    flush_ms: int | None = None  # flush.ms
+    # message.timestamp.type; a plain str because topic configs arrive as strings.
+    message_timestamp_type: str = CREATE_TIME
+    max_message_bytes: int = 1048588  # max.message.bytes: the largest batch accepted
+
+    def __post_init__(self) -> None:
+        # Positions in the offset index are int32, so a segment must fit in one.
+        _require(RECORD_BATCH_OVERHEAD <= self.segment_bytes <= INT32_MAX, "segment_bytes")
+        _require(self.segment_ms > 0, "segment_ms")
+        _require(self.retention_ms >= -1, "retention_ms")
+        _require(self.retention_bytes >= -1, "retention_bytes")
+        _require(self.index_interval_bytes >= 0, "index_interval_bytes")
+        _require(self.flush_messages is None or self.flush_messages >= 1, "flush_messages")
+        _require(self.flush_ms is None or self.flush_ms >= 0, "flush_ms")
+        timestamp_types = (CREATE_TIME, LOG_APPEND_TIME)
+        _require(self.message_timestamp_type in timestamp_types, "message_timestamp_type")
+        _require(self.max_message_bytes >= RECORD_BATCH_OVERHEAD, "max_message_bytes")
+
+
+def _require(condition: bool, name: str) -> None:
+    if not condition:
+        raise ValueError(f"invalid LogConfig.{name}")
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append did, for the Produce response and the HW/flush bookkeeping."""
+
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    record_count: int
+    size_bytes: int
+
+
+@dataclass(slots=True)
+class LogRead:
+    """Whole batches for a Fetch, as file slices the caller owns and must close."""
+
+    slices: list[FileSlice]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(piece.size_bytes for piece in self.slices)
+
+    def read_bytes(self) -> bytes:
+        return b"".join(piece.read_bytes() for piece in self.slices)
+
+    def close(self) -> None:
+        for piece in self.slices:
+            piece.close()
+
+    def __enter__(self) -> LogRead:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class FlushTicket:
+    """fsync work captured by ``PartitionLog.begin_flush``.
+
+    ``run`` does the blocking fsyncs on dup'd fds and closes them; it is safe in a worker
+    thread while the owner keeps appending, rolling or deleting segments. If it raises, the
+    data may be lost (the kernel may have dropped the dirty pages): treat it as fatal, do not
+    retry, and do not call ``complete_flush``.
+    """
+
+    def __init__(
+        self,
+        *,
+        target_offset: int,
+        fds: list[int],
+        segment_sizes: dict[int, int],
+        generation: int,
+        directory_version: int | None,
+    ) -> None:
+        self.target_offset = target_offset
+        self.segment_sizes = segment_sizes  # base offset -> bytes this ticket makes durable
+        self.generation = generation
+        self.directory_version = directory_version
+        self.synced = False
+        self._fds = fds
+        self._ran = False
+
+    def run(self) -> None:
+        assert not self._ran, "a ticket runs once"
+        self._ran = True
+        try:
+            for fd in self._fds:
+                os.fsync(fd)
+            self.synced = True
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the fds without syncing (for a ticket that will never run)."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+# --- the log -----------------------------------------------------------------------------------
+
+
+class PartitionLog:
+    """An append-only log of record batches, split into segments; the last one is active.
+
+    Not thread-safe (see the module docstring). Invariants: segments are sorted by base
+    offset and contiguous; only the active segment is unsealed;
+    ``log_start_offset <= log_end_offset`` and ``flushed_offset <= log_end_offset``.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[Segment],
+        log_start_offset: int,
+    ) -> None:
+        assert segments, "a log always has an active segment"
+        self.directory = directory
+        self.config = config
+        self._segments = segments
+        self._log_start_offset = log_start_offset
+        self._flushed_offset = log_start_offset
+        self._flush_target_offset = log_start_offset  # end offset of the latest ticket
+        self._first_unflushed_ms: int | None = None  # append time of the oldest unticketed data
+        self._generation = 0  # bumped by truncation: older flush tickets no longer apply
+        self._directory_version = 1  # bumped when files are created, renamed or deleted
+        self._directory_synced_version = 0
+        self._closed = False
+
+    # --- open ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+        """Open (or create) the log in ``directory`` and recover it after a crash.
+
+        Blocking: scans and CRC-checks the active segment, truncates a torn tail, then fsyncs
+        every segment and the directory so that ``flushed_offset == log_end_offset``.
+        """
+        if not directory.is_dir():
+            directory.mkdir(parents=True)
+            fsync_directory(directory.parent)  # the new directory's name must survive a crash
+        _remove_leftovers(directory)
+        checkpoint = _read_checkpoint(directory)
+        segments = _load_segments(directory, config, now_ms)
+        if not segments:
+            first_offset = 0 if checkpoint is None else checkpoint
+            segments = [Segment.create(directory, first_offset, config.index_interval_bytes)]
+        log = cls(directory, config, segments, _start_offset(checkpoint, segments))
+        ticket = log.begin_flush()
+        assert ticket is not None, "a freshly opened log has never been synced"
+        ticket.run()
+        log.complete_flush(ticket)
+        log._check_invariants()
+        return log
+
+    # --- offsets and sizes -----------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._active.next_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    @property
+    def unflushed_messages(self) -> int:
+        """Offsets appended but not yet covered by a completed flush."""
+        return self.log_end_offset - self._flushed_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size_bytes for segment in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        """Visible for testing."""
+        return [segment.base_offset for segment in self._segments]
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    # --- append ----------------------------------------------------------------------------
+
+    def append(
+        self,
+        records: bytes | bytearray | memoryview,
+        *,
+        leader_epoch: int,
+        now_ms: int,
+        allow_control: bool = False,
+    ) -> AppendInfo:
+        """Validate client batches, assign offsets and write them (not fsynced: see flush).
+
+        Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError and then writes
+        nothing.
+        """
+        assert not self._closed
+        headers = validate_batches(records, allow_control=allow_control)
+        self._check_batch_sizes(headers)
+        buf = bytearray(records)
+        base_offset = self.log_end_offset
+        append_time_ms = now_ms if self.config.message_timestamp_type == LOG_APPEND_TIME else None
+        next_offset = assign_offsets(buf, headers, base_offset, leader_epoch, append_time_ms)
+        self._maybe_roll(len(buf), next_offset - 1, now_ms)
+        written = _reparse_headers(buf, headers, base_offset)
+        self._active.append(buf, written, now_ms)
+        assert self.log_end_offset == next_offset, "every assigned offset must be in the log"
+        if self._first_unflushed_ms is None:
+            self._first_unflushed_ms = now_ms
+        self._check_invariants()
+        return AppendInfo(
+            base_offset=base_offset,
+            last_offset=next_offset - 1,
+            max_timestamp=max(header.max_timestamp for header in written),
+            log_append_time_ms=-1 if append_time_ms is None else append_time_ms,
+            record_count=next_offset - base_offset,
+            size_bytes=len(buf),
+        )
+
+    def _check_batch_sizes(self, headers: Sequence[BatchHeader]) -> None:
+        for header in headers:
+            if header.size_bytes > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {header.size_bytes} bytes exceeds max.message.bytes "
+                    f"{self.config.max_message_bytes}"
+                )
+
+    def _maybe_roll(self, incoming_bytes: int, last_offset: int, now_ms: int) -> None:
+        if self._active.should_roll(
+            incoming_bytes=incoming_bytes,
+            last_offset=last_offset,
+            now_ms=now_ms,
+            segment_bytes=self.config.segment_bytes,
+            segment_ms=self.config.segment_ms,
+        ):
+            self._roll()
+
+    def _roll(self) -> None:
+        """Seal the active segment (blocking: fsyncs its index files) and start a new one.
+        The new file is created first so that a failure leaves the log as it was."""
+        new_segment = Segment.create(
+            self.directory, self.log_end_offset, self.config.index_interval_bytes
+        )
+        try:
+            self._active.seal()
+        except BaseException:
+            new_segment.delete()
+            raise
+        self._segments.append(new_segment)
+        self._directory_version += 1
+
+    # --- flush (group commit) --------------------------------------------------------------
+
+    def needs_flush(self, now_ms: int) -> bool:
+        """Whether the flush policy wants a flush of data not yet in any ticket:
+        always when ``flush_messages`` is None, else once that many messages are waiting
+        or the oldest has waited ``flush_ms``."""
+        waiting_messages = self.log_end_offset - self._flush_target_offset
+        if waiting_messages <= 0:
+            return False
+        if self.config.flush_messages is None:
+            return True
+        if waiting_messages >= self.config.flush_messages:
+            return True
+        first_ms = self._first_unflushed_ms
+        flush_ms = self.config.flush_ms
+        return flush_ms is not None and first_ms is not None and now_ms - first_ms >= flush_ms
+
+    def begin_flush(self) -> FlushTicket | None:
+        """Capture the fsync work for everything written so far; None if there is none."""
+        dirty = [s for s in self._segments if s.size_bytes > s.flushed_size_bytes]
+        directory_dirty = self._directory_version != self._directory_synced_version
+        if not dirty and not directory_dirty and self._flushed_offset == self.log_end_offset:
+            return None
+        fds = [segment.dup_fd() for segment in dirty]
+        if directory_dirty:  # last: new files' data is synced before their names are
+            fds.append(open_directory(self.directory))
+        self._flush_target_offset = self.log_end_offset
+        self._first_unflushed_ms = None
+        return FlushTicket(
+            target_offset=self.log_end_offset,
+            fds=fds,
+            segment_sizes={segment.base_offset: segment.size_bytes for segment in dirty},
+            generation=self._generation,
+            directory_version=self._directory_version if directory_dirty else None,
+        )
+
+    def complete_flush(self, ticket: FlushTicket) -> None:
+        """Record a ticket's successful ``run``: advance ``flushed_offset`` to its target."""
+        assert ticket.synced, "complete_flush needs a ticket whose run() succeeded"
+        if ticket.generation != self._generation:
+            return  # a truncation since begin_flush: the ticket's target may not exist
+        assert ticket.target_offset <= self.log_end_offset
+        self._flushed_offset = max(self._flushed_offset, ticket.target_offset)
+        for segment in self._segments:
+            synced_bytes = ticket.segment_sizes.get(segment.base_offset, 0)
+            segment.flushed_size_bytes = max(segment.flushed_size_bytes, synced_bytes)
+        if ticket.directory_version is not None:
+            self._directory_synced_version = max(
+                self._directory_synced_version, ticket.directory_version
+            )
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
+    ) -> LogRead:
+        """Whole batches starting with the one that contains ``offset`` (so the first base
+        offset may be lower, as in Kafka), from a single segment, within ``max_bytes`` unless
+        the first batch alone is larger and ``min_one_batch`` (KIP-74), stopping before any
+        batch whose base offset is >= ``max_offset`` (high watermark / LSO).
+
+        Raises OffsetOutOfRangeError outside [log_start_offset, log_end_offset].
+        """
+        self._check_offset_in_range(offset)
+        if offset == self.log_end_offset:
+            return LogRead([])
+        segment = self._segment_for(offset)
+        assert segment.base_offset <= offset < segment.next_offset, "segments are contiguous"
+        piece = segment.read(
+            offset, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch
+        )
+        return LogRead([] if piece is None else [piece])
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first batch whose maxTimestamp >= ``timestamp_ms``, for
+        ListOffsets; the offset is the batch's base offset (clamped to log_start_offset) and
+        the timestamp its maxTimestamp. None when no batch is that recent."""
+        for segment in self._segments:
+            if segment.max_timestamp_ms < timestamp_ms:
+                continue
+            found = segment.find_timestamp(timestamp_ms)
+            if found is not None:
+                offset, batch_timestamp_ms = found
+                return max(offset, self._log_start_offset), batch_timestamp_ms
+        return None
+
+    def _check_offset_in_range(self, offset: int) -> None:
+        if not self._log_start_offset <= offset <= self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} outside [{self._log_start_offset}, {self.log_end_offset}]"
+            )
+
+    def _segment_for(self, offset: int) -> Segment:
+        slot = bisect_right(self._segments, offset, key=lambda segment: segment.base_offset) - 1
+        assert slot >= 0, f"offset {offset} precedes the first segment"
+        return self._segments[slot]
+
+    # --- retention and truncation ----------------------------------------------------------
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete the oldest sealed segments that are past ``retention_ms`` (by their largest
+        timestamp), beyond ``retention_bytes``, or below log_start_offset; never the active
+        one. Advances and checkpoints log_start_offset. Returns the segments deleted.
+
+        As in Kafka, size retention deletes a segment only if the log stays at least
+        ``retention_bytes`` big without it.
+        """
+        count = self._deletable_segment_count(now_ms)
+        if count == 0:
+            return 0
+        for segment in self._segments[:count]:
+            logger.info("%s: deleting segment %d by retention", self.directory, segment.base_offset)
+            segment.delete()
+        del self._segments[:count]
+        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        self._write_checkpoint()  # also fsyncs the directory, making the unlinks durable
+        self._check_invariants()
+        return count
+
+    def _deletable_segment_count(self, now_ms: int) -> int:
+        retention_ms = self.config.retention_ms
+        retention_bytes = self.config.retention_bytes
+        excess_bytes = self.size_bytes - retention_bytes
+        count = 0
+        for segment in self._segments[:-1]:
+            below_start = segment.next_offset <= self._log_start_offset
+            expired = retention_ms >= 0 and now_ms - segment.largest_timestamp_ms() > retention_ms
+            oversize = retention_bytes >= 0 and excess_bytes - segment.size_bytes >= 0
+            if not (below_start or expired or oversize):
+                break  # Kafka deletes only a prefix of the log
+            excess_bytes -= segment.size_bytes
+            count += 1
+        return count
+
+    def _write_checkpoint(self) -> None:
+        data = f"{_CHECKPOINT_VERSION}\n{self._log_start_offset}\n".encode()
+        write_atomically(self.directory / LOG_START_OFFSET_CHECKPOINT, data)
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every offset >= ``offset`` (for replication); returns the new log end offset.
+
+        Whole batches go: if ``offset`` is inside a batch, that batch is removed too, so the
+        new end may be lower than ``offset`` (as in Kafka). Blocking: fsyncs the truncated
+        file and the directory. In-flight flush tickets no longer advance flushed_offset.
+        """
+        assert not self._closed
+        if offset >= self.log_end_offset:
+            return self.log_end_offset
+        self._check_offset_in_range(offset)
+        deleted = False
+        while len(self._segments) > 1 and self._active.base_offset >= offset:
+            self._segments.pop().delete()
+            deleted = True
+        self._active.truncate_to(offset)
+        if deleted:
+            fsync_directory(self.directory)
+        self._generation += 1
+        end_offset = self.log_end_offset
+        self._flushed_offset = min(self._flushed_offset, end_offset)
+        self._flush_target_offset = min(self._flush_target_offset, end_offset)
+        self._log_start_offset = min(self._log_start_offset, end_offset)
+        self._check_invariants()
+        return end_offset
+
+    def close(self) -> None:
+        """Close every fd. Does not fsync: flush first if the data must be durable."""
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+
+    def _check_invariants(self) -> None:
+        """Cheap O(1) checks after every mutation (TigerBeetle-style)."""
+        active = self._active
+        assert not active.sealed, "the last segment must be the active one"
+        assert self._log_start_offset <= self.log_end_offset
+        assert self._flushed_offset <= self.log_end_offset
+        assert self._segments[0].base_offset <= self._log_start_offset
+        if len(self._segments) > 1:
+            previous = self._segments[-2]
+            assert previous.sealed and previous.next_offset == active.base_offset
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _reparse_headers(
+    buf: bytearray, headers: Sequence[BatchHeader], base_offset: int
+) -> list[BatchHeader]:
+    """Headers as written (after assign_offsets), with pair assertions on the rewrite."""
+    written: list[BatchHeader] = []
+    position = 0
+    expected_offset = base_offset
+    for original in headers:
+        header = parse_header(buf, position)
+        assert header.base_offset == expected_offset and header.size_bytes == original.size_bytes
+        written.append(header)
+        position += header.size_bytes
+        expected_offset = header.next_offset
+    return written
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Delete temp files of interrupted writes and index files whose .log is gone."""
+    for path in directory.iterdir():
+        if path.name.endswith(TMP_SUFFIX):
+            path.unlink()
+            continue
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            base_offset = parse_base_offset(path, suffix)
+            if base_offset is not None and not path.with_suffix(LOG_SUFFIX).exists():
+                path.unlink()
+
+
+def _load_segments(directory: Path, config: LogConfig, now_ms: int) -> list[Segment]:
+    """Open every segment; sealed ones are tail-checked, the last one is recovered.
+
+    A sealed segment that fails its checks is recovered by scanning. If that drops bytes or
+    leaves a gap, everything after it is deleted: later data was never acknowledged as
+    flushed (a flush syncs every earlier segment too), and the log must stay a prefix.
+    """
+    base_offsets = sorted(
+        offset
+        for path in directory.glob("*" + LOG_SUFFIX)
+        if (offset := parse_base_offset(path, LOG_SUFFIX)) is not None
+    )
+    interval = config.index_interval_bytes
+    segments = [Segment.open_existing(directory, base, interval) for base in base_offsets]
+    for slot, segment in enumerate(segments[:-1]):
+        next_base_offset = segments[slot + 1].base_offset
+        if segment.load_sealed(next_base_offset):
+            continue
+        logger.warning("%s: index or tail check failed; recovering", segment.log_path)
+        dropped_bytes = segment.recover(now_ms)
+        if dropped_bytes == 0 and segment.next_offset == next_base_offset:
+            segment.seal()  # rewrite the index files that failed the checks
+            continue
+        for later in segments[slot + 1 :]:
+            logger.warning("%s: deleting segment after a recovered tail", later.log_path)
+            later.delete()
+        return segments[: slot + 1]
+    if segments:
+        segments[-1].recover(now_ms)
+    return segments
+
+
+def _read_checkpoint(directory: Path) -> int | None:
+    path = directory / LOG_START_OFFSET_CHECKPOINT
+    try:
+        lines = path.read_text().split()
+    except FileNotFoundError:
+        return None
+    if len(lines) == 2 and lines[0] == _CHECKPOINT_VERSION and lines[1].isdigit():
+        return int(lines[1])
+    logger.warning("%s: unreadable checkpoint %r; ignoring it", path, lines)
+    return None
+
+
+def _start_offset(checkpoint: int | None, segments: list[Segment]) -> int:
+    first_offset = segments[0].base_offset
+    start_offset = first_offset if checkpoint is None else max(checkpoint, first_offset)
+    end_offset = segments[-1].next_offset
+    if start_offset > end_offset:
+        logger.warning("log start offset %d is past the log end %d", start_offset, end_offset)
+        start_offset = end_offset
+    return start_offset

@@ -1,0 +1,467 @@
+"""One log segment: a ``.log`` file of v2 record batches plus its sparse indexes.
+
+Files are named by the segment's base offset, zero-padded to 20 digits so ``ls`` sorts them
+numerically (Kafka's ``LogFileUtils``): ``<base>.log``, ``<base>.index``, ``<base>.timeindex``.
+
+The active (last) segment's indexes live only in memory and are rebuilt from the log on
+open; a sealed (rolled) segment's indexes are written and fsynced when it is sealed and are
+loaded, sanity-checked and tail-checked on open. Not thread-safe: the owning PartitionLog
+serialises access. Only dup'd fds (FileSlice, flush tickets) leave this class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftlog.partition.batch import (
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    check_batch,
+    check_header,
+    check_record_count,
+    parse_header,
+)
+from raftlog.partition.errors import CorruptRecordError, PartitionLogError
+from raftlog.partition.files import write_all
+from raftlog.partition.index import INT32_MAX, OffsetIndex, TimeIndex
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "LOG_SUFFIX",
+    "TIME_INDEX_SUFFIX",
+    "FileSlice",
+    "Segment",
+    "parse_base_offset",
+    "segment_file_name",
+]
+
+logger = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+_BASE_OFFSET_DIGITS = 20
+# Header scans pread this much at a time: one syscall then covers every header of a run of
+# small batches, and costs the same as a 61-byte read for large ones.
+_SCAN_WINDOW_BYTES = 4096
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:0{_BASE_OFFSET_DIGITS}d}{suffix}"
+
+
+def parse_base_offset(path: Path, suffix: str) -> int | None:
+    """The base offset encoded in a segment file name, or None for any other file."""
+    stem = path.name.removesuffix(suffix)
+    if path.name == stem or len(stem) != _BASE_OFFSET_DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+@dataclass(slots=True)
+class FileSlice:
+    """A byte range of a segment file with its own dup'd fd, owned by the caller.
+
+    Because the fd is private, retention deleting or closing the segment while the slice is
+    being sent (e.g. with os.sendfile) is harmless. Close it exactly when done.
+    """
+
+    fd: int
+    position: int
+    size_bytes: int
+
+    def read_bytes(self) -> bytes:
+        """pread the whole range (shorter only if the file was truncated meanwhile)."""
+        assert self.fd >= 0, "slice already closed"
+        chunks: list[bytes] = []
+        done = 0
+        while done < self.size_bytes:
+            chunk = os.pread(self.fd, self.size_bytes - done, self.position + done)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Segment:
+    """A ``.log`` file of contiguous batches starting at ``base_offset``, with sparse indexes.
+
+    Invariants: batches are back to back from position 0 to ``size_bytes``; their offsets are
+    contiguous from ``base_offset`` to ``next_offset - 1``; index entries point at batch starts.
+    """
+
+    def __init__(
+        self, directory: Path, base_offset: int, index_interval_bytes: int, read_fd: int
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.index = OffsetIndex(base_offset)
+        self.time_index = TimeIndex(base_offset)
+        self.size_bytes = 0
+        self.flushed_size_bytes = 0  # bytes known to be fsynced
+        self.next_offset = base_offset
+        self.max_timestamp_ms = -1  # Kafka's NO_TIMESTAMP until a batch carries one
+        self.rolling_base_ms: int | None = None  # when the first batch arrived
+        self.sealed = False
+        self._read_fd = read_fd
+        self._append_fd: int | None = None
+        self._offset_of_max_timestamp = base_offset
+        self._bytes_since_index_entry = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+        """Create an empty segment. The caller must fsync the directory before relying on it."""
+        log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of a deleted namesake
+            (directory / segment_file_name(base_offset, suffix)).unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        append_fd = os.open(log_path, flags, 0o644)
+        segment = cls(directory, base_offset, index_interval_bytes, _open_read(log_path))
+        segment._append_fd = append_fd
+        return segment
+
+    @classmethod
+    def open_existing(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int
+    ) -> Segment:
+        """Open a segment file; the caller must then call ``load_sealed`` or ``recover``."""
+        log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        segment = cls(directory, base_offset, index_interval_bytes, _open_read(log_path))
+        segment.size_bytes = os.fstat(segment._read_fd).st_size
+        return segment
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, LOG_SUFFIX)
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, INDEX_SUFFIX)
+
+    @property
+    def time_index_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, TIME_INDEX_SUFFIX)
+
+    def seal(self) -> None:
+        """Stop appending: record the final max timestamp, write + fsync both index files."""
+        if self.max_timestamp_ms > self.time_index.last_timestamp:
+            self.time_index.append(self.max_timestamp_ms, self._offset_of_max_timestamp)
+        assert self.time_index.last_timestamp == self.max_timestamp_ms
+        self.index.write(self.index_path)
+        self.time_index.write(self.time_index_path)
+        self._close_append_fd()
+        self.sealed = True
+
+    def close(self) -> None:
+        self._close_append_fd()
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
+
+    def delete(self) -> None:
+        """Close and unlink all files; dup'd fds held by readers stay valid."""
+        self.close()
+        self.log_path.unlink(missing_ok=True)
+        self._remove_index_files()
+
+    def _remove_index_files(self) -> None:
+        self.index_path.unlink(missing_ok=True)
+        self.time_index_path.unlink(missing_ok=True)
+
+    def dup_fd(self) -> int:
+        """A private fd for fsync in a worker thread (fsync works on read-only fds on Linux)."""
+        return os.dup(self._read_fd)
+
+    def largest_timestamp_ms(self) -> int:
+        """For time retention: the max batch timestamp, else the file mtime (as Kafka does)."""
+        if self.max_timestamp_ms >= 0:
+            return self.max_timestamp_ms
+        return os.fstat(self._read_fd).st_mtime_ns // 1_000_000
+
+    def _close_append_fd(self) -> None:
+        if self._append_fd is not None:
+            os.close(self._append_fd)
+            self._append_fd = None
+
+    def _writable_fd(self) -> int:
+        if self._append_fd is None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+            self._append_fd = os.open(self.log_path, flags)
+        return self._append_fd
+
+    # --- append ----------------------------------------------------------------------------
+
+    def should_roll(
+        self,
+        *,
+        incoming_bytes: int,
+        last_offset: int,
+        now_ms: int,
+        segment_bytes: int,
+        segment_ms: int,
+    ) -> bool:
+        """Kafka's shouldRoll: full by size, too old, or relative offsets would overflow."""
+        if self.size_bytes == 0:
+            return False  # an empty segment takes any append, even an oversized one
+        too_old = self.rolling_base_ms is not None and now_ms - self.rolling_base_ms > segment_ms
+        return (
+            self.size_bytes + incoming_bytes > segment_bytes
+            or too_old
+            or last_offset - self.base_offset > INT32_MAX
+        )
+
+    def append(self, buf: bytes | bytearray, headers: Sequence[BatchHeader], now_ms: int) -> None:
+        """Write already-rewritten batches at the end of the file and index them."""
+        assert not self.sealed, "sealed segments are read-only"
+        assert headers and headers[0].base_offset == self.next_offset, "offsets must be contiguous"
+        start = self.size_bytes
+        fd = self._writable_fd()
+        try:
+            write_all(fd, buf)
+        except OSError:
+            with contextlib.suppress(OSError):  # keep the file equal to what we index
+                os.ftruncate(fd, start)
+            raise
+        if self.rolling_base_ms is None:
+            self.rolling_base_ms = now_ms
+        position = start
+        for header in headers:
+            self._track_batch(header, position)
+            position += header.size_bytes
+        assert position == start + len(buf), "headers must describe the written bytes"
+
+    def _track_batch(self, header: BatchHeader, position: int) -> None:
+        """Account one batch that starts at ``position``: indexes, offsets, size."""
+        assert header.base_offset == self.next_offset, "offsets must be contiguous"
+        assert position == self.size_bytes, "batches must be back to back"
+        if self._bytes_since_index_entry >= self.index_interval_bytes:
+            self.index.append(header.base_offset, position)
+            if self.max_timestamp_ms > self.time_index.last_timestamp:
+                self.time_index.append(self.max_timestamp_ms, self._offset_of_max_timestamp)
+            self._bytes_since_index_entry = 0
+        if header.max_timestamp > self.max_timestamp_ms:
+            self.max_timestamp_ms = header.max_timestamp
+            self._offset_of_max_timestamp = header.base_offset
+        self._bytes_since_index_entry += header.size_bytes
+        self.next_offset = header.next_offset
+        self.size_bytes = position + header.size_bytes
+
+    # --- open / recovery -------------------------------------------------------------------
+
+    def load_sealed(self, next_base_offset: int) -> bool:
+        """Adopt the index files of a rolled segment. False when a file is missing or fails a
+        sanity check, or when the log tail after the last index entry is torn or does not end
+        at ``next_base_offset``; the caller then recovers the segment by scanning."""
+        index_data = _read_optional(self.index_path)
+        time_data = _read_optional(self.time_index_path)
+        if index_data is None or time_data is None:
+            return False
+        limit = next_base_offset
+        index = OffsetIndex.from_bytes(
+            self.base_offset, index_data, log_size_bytes=self.size_bytes, offset_limit=limit
+        )
+        time_index = TimeIndex.from_bytes(self.base_offset, time_data, offset_limit=limit)
+        if index is None or time_index is None:
+            return False
+        self.index, self.time_index = index, time_index
+        if self._tail_next_offset() != next_base_offset:
+            return False
+        self.next_offset = next_base_offset
+        self.max_timestamp_ms = time_index.last_timestamp
+        self._offset_of_max_timestamp = time_index.last_offset
+        self.sealed = True
+        return True
+
+    def _tail_next_offset(self) -> int | None:
+        """Check (header + CRC + timestamp) the batches after the last index entry; the offset
+        after the last one, or None if any is bad or the file does not end on a batch
+        boundary."""
+        expected_offset, position = self.index.lookup(self.base_offset + INT32_MAX)
+        while position < self.size_bytes:
+            try:
+                header = self._read_checked_batch(position, expected_offset, verify_crc=True)
+            except PartitionLogError:
+                return None
+            if header.max_timestamp > self.time_index.last_timestamp:
+                return None  # the time index must end with the segment's largest timestamp
+            position += header.size_bytes
+            expected_offset = header.next_offset
+        return expected_offset
+
+    def recover(self, now_ms: int) -> int:
+        """Rebuild the indexes by scanning every batch (header + CRC) and truncate the file at
+        the first torn, corrupt or out-of-sequence batch. Returns the bytes dropped.
+
+        The index files are deleted: only ``seal`` writes them, always for the whole segment,
+        so a later crash can never leave a stale pair that passes the sanity checks.
+        """
+        self._remove_index_files()
+        dropped_bytes = self._rebuild(verify_crc=True)
+        if self.size_bytes > 0:
+            first = self._read_checked_batch(0, self.base_offset, verify_crc=False)
+            # The append time of the first batch is not stored; its timestamp is the best
+            # stand-in (Kafka does the same), capped so a future timestamp cannot delay rolls.
+            timestamp_ms = first.max_timestamp
+            self.rolling_base_ms = min(timestamp_ms, now_ms) if timestamp_ms >= 0 else now_ms
+        return dropped_bytes
+
+    def _rebuild(self, *, verify_crc: bool) -> int:
+        file_size = self.size_bytes
+        self._reset_indexes()
+        reason = ""
+        while self.size_bytes < file_size:
+            try:
+                header = self._read_checked_batch(
+                    self.size_bytes, self.next_offset, verify_crc=verify_crc, end=file_size
+                )
+            except PartitionLogError as error:
+                reason = str(error)
+                break
+            self._track_batch(header, self.size_bytes)
+        dropped_bytes = file_size - self.size_bytes
+        if dropped_bytes:
+            logger.warning(
+                "%s: dropping %d bytes after position %d: %s",
+                self.log_path, dropped_bytes, self.size_bytes, reason,
+            )
+            self._truncate_file(self.size_bytes)
+        return dropped_bytes
+
+    def _reset_indexes(self) -> None:
+        self.index = OffsetIndex(self.base_offset)
+        self.time_index = TimeIndex(self.base_offset)
+        self.size_bytes = 0
+        self.next_offset = self.base_offset
+        self.max_timestamp_ms = -1
+        self._offset_of_max_timestamp = self.base_offset
+        self._bytes_since_index_entry = 0
+        self.sealed = False
+
+    def _read_checked_batch(
+        self, position: int, expected_offset: int, *, verify_crc: bool, end: int | None = None
+    ) -> BatchHeader:
+        """Read and check the batch at ``position``: header, CRC if asked, record count, and
+        that its base offset continues the segment. Raises a PartitionLogError subclass."""
+        available_bytes = (self.size_bytes if end is None else end) - position
+        data = os.pread(self._read_fd, RECORD_BATCH_OVERHEAD, position)
+        if len(data) < RECORD_BATCH_OVERHEAD or available_bytes < RECORD_BATCH_OVERHEAD:
+            raise CorruptRecordError(f"incomplete batch header at position {position}")
+        header = parse_header(data)
+        check_header(header, available_bytes, position)
+        if verify_crc:
+            check_batch(os.pread(self._read_fd, header.size_bytes, position))
+        check_record_count(header, allow_control=True)
+        if header.base_offset != expected_offset:
+            # Not CRC-covered, so contiguity is the only check on baseOffset.
+            raise CorruptRecordError(
+                f"batch at position {position} has base offset {header.base_offset}, "
+                f"expected {expected_offset}"
+            )
+        return header
+
+    def _truncate_file(self, size_bytes: int) -> None:
+        os.ftruncate(self._writable_fd(), size_bytes)
+        self.flushed_size_bytes = min(self.flushed_size_bytes, size_bytes)
+
+    # --- truncation --------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch whose last offset is >= ``offset`` (a batch containing
+        ``offset`` goes entirely, as in Kafka), fsync, and reopen the segment for appends.
+
+        Blocking: the fsync makes the truncation durable, so a crash cannot resurrect the
+        removed (possibly divergent) batches.
+        """
+        found = self.find_batch(offset)
+        position = self.size_bytes if found is None else found[0]
+        rolling_base_ms = self.rolling_base_ms
+        self._truncate_file(position)
+        os.fsync(self._writable_fd())
+        self.size_bytes = position
+        self._rebuild(verify_crc=False)
+        self.rolling_base_ms = rolling_base_ms if self.size_bytes else None
+        self._remove_index_files()  # stale once appends resume; seal rewrites them
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def iter_headers(self, position: int) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch from ``position`` (a batch start) to the end."""
+        end = self.size_bytes
+        window = b""
+        window_start = position
+        while end - position >= RECORD_BATCH_OVERHEAD:
+            in_window = position - window_start
+            if in_window + RECORD_BATCH_OVERHEAD > len(window):
+                window = os.pread(self._read_fd, min(_SCAN_WINDOW_BYTES, end - position), position)
+                window_start, in_window = position, 0
+                if len(window) < RECORD_BATCH_OVERHEAD:
+                    raise CorruptRecordError(f"{self.log_path} shrank under position {end}")
+            header = parse_header(window, in_window)
+            # Guards the loop: a zero or garbage length would never advance or overrun.
+            check_header(header, end - position, position)
+            yield position, header
+            position += header.size_bytes
+
+    def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """Position and header of the batch containing ``offset``; None past the end."""
+        _, position = self.index.lookup(offset)
+        for batch_position, header in self.iter_headers(position):
+            if header.last_offset >= offset:
+                return batch_position, header
+        return None
+
+    def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None, min_one_batch: bool
+    ) -> FileSlice | None:
+        """Whole batches from the one containing ``offset``: at most ``max_bytes`` (except a
+        first batch when ``min_one_batch``, KIP-74), none with base offset >= ``max_offset``."""
+        found = self.find_batch(offset)
+        if found is None:
+            return None
+        start, _ = found
+        end = start
+        for position, header in self.iter_headers(start):
+            if max_offset is not None and header.base_offset >= max_offset:
+                break
+            batch_end = position + header.size_bytes
+            if batch_end - start > max_bytes and not (min_one_batch and position == start):
+                break
+            end = batch_end
+        if end == start:
+            return None
+        return FileSlice(os.dup(self._read_fd), start, end - start)
+
+    def find_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(base offset, max timestamp) of the first batch with maxTimestamp >=
+        ``timestamp_ms``, or None."""
+        # Batches before this offset all have smaller timestamps (see TimeIndex).
+        _, position = self.index.lookup(self.time_index.offset_before(timestamp_ms))
+        for _, header in self.iter_headers(position):
+            if header.max_timestamp >= timestamp_ms:
+                return header.base_offset, header.max_timestamp
+        return None
+
+
+def _open_read(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _read_optional(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
