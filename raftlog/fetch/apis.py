@@ -109,9 +109,16 @@ class KafkaApis:
             return self._metadata_body(image, names)
 
         async def create_then_describe() -> Body:
+            failures = {}
             for name in missing:
-                await self._create_topic(name, -1, -1, (), {})
-            return self._metadata_body(self.quorum.image, names)
+                code, _ = await self._create_topic(name, -1, -1, (), {})
+                if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                    failures[name] = code
+            body = self._metadata_body(self.quorum.image, names)
+            for topic in body["topics"]:
+                if topic["name"] in failures:  # e.g. INVALID_TOPIC_EXCEPTION for a bad name
+                    topic["error_code"] = failures[topic["name"]]
+            return body
 
         return create_then_describe
 

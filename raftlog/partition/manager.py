@@ -113,6 +113,7 @@ class PartitionManager:
         self._dirty: set[Partition] = set()
         self._flush_wanted = trio.Event()
         self._data_arrived = trio.Event()
+        self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
@@ -207,6 +208,7 @@ class PartitionManager:
         tickets = [(p, p.log.begin_flush()) for p in batch]
         runnable = [t for _, t in tickets if t is not None]
         await trio.to_thread.run_sync(_run_tickets, runnable)
+        self.flush_rounds += 1
         for partition, ticket in tickets:
             if ticket is None or partition.deleted:
                 continue

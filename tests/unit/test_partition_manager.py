@@ -1,0 +1,81 @@
+"""Group commit and high-watermark rules of the trio-side partition manager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from raftlog.partition.batch import build_batch
+from raftlog.partition.manager import PartitionManager, log_config_for, now_ms
+
+DEFAULTS = {"flush.messages": str(2**63 - 1), "flush.ms": str(2**63 - 1)}
+
+
+def _batch(value: bytes) -> bytes:
+    return build_batch([(None, value, ())], timestamp_ms=now_ms())
+
+
+async def test_group_commit_acknowledges_only_fsynced_data(tmp_path: Path) -> None:
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, DEFAULTS, leader_epoch=0)
+    assert partition.durable_acks
+    appends = 200
+    acked: list[int] = []
+
+    async def produce(i: int) -> None:
+        info = partition.log.append(_batch(b"v%d" % i), leader_epoch=0, now_ms=now_ms())
+        manager.note_append(partition)
+        # Not visible before the fsync that covers it.
+        assert partition.high_watermark <= info.last_offset
+        assert await partition.wait_high_watermark(info.last_offset + 1, trio.current_time() + 10)
+        assert partition.log.flushed_offset > info.last_offset
+        acked.append(info.last_offset)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.run_flusher)
+        async with trio.open_nursery() as producers:
+            for i in range(appends):
+                producers.start_soon(produce, i)
+        nursery.cancel_scope.cancel()
+    assert sorted(acked) == list(range(appends))
+    # One fsync round covers many appends.
+    assert 1 <= manager.flush_rounds < appends / 4
+    manager.close()
+
+
+async def test_relaxed_flush_exposes_at_once(tmp_path: Path) -> None:
+    manager = PartitionManager(tmp_path, node_id=1)
+    configs = {"flush.messages": "1000", "flush.ms": str(2**63 - 1)}
+    partition = manager.ensure_partition("t", 0, configs, leader_epoch=0)
+    assert not partition.durable_acks
+    info = partition.log.append(_batch(b"x"), leader_epoch=0, now_ms=now_ms())
+    manager.note_append(partition)
+    assert partition.high_watermark == info.last_offset + 1
+    manager.close()
+
+
+def test_topic_configs_map_to_log_config() -> None:
+    config = log_config_for({"segment.bytes": "4096", "retention.ms": "-1",
+                             "message.timestamp.type": "LogAppendTime", **DEFAULTS})
+    assert config.segment_bytes == 4096
+    assert config.retention_ms == -1
+    assert config.flush_messages is None
+    assert config.message_timestamp_type == "LogAppendTime"
+
+
+async def test_deleted_partition_releases_waiters(tmp_path: Path) -> None:
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, DEFAULTS, leader_epoch=0)
+    partition.log.append(_batch(b"x"), leader_epoch=0, now_ms=now_ms())
+    result: list[bool] = []
+
+    async def waiter() -> None:
+        result.append(await partition.wait_high_watermark(1, trio.current_time() + 10))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(0.01)
+        manager.remove_partition("t", 0)
+    assert result == [False]
+    assert not (tmp_path / "t-0").exists()
