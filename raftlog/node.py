@@ -8,6 +8,7 @@ Kafka listener accept clients. SIGINT/SIGTERM cancel the nursery; logs are close
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class Node:
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        _raise_open_file_limit()
         host, port = self.config.listener("PLAINTEXT")
         advertised_host, advertised_port = self.config.advertised_listener()
         node = LocalNode(self.config.node_id, advertised_host, advertised_port)
@@ -65,6 +67,14 @@ class Node:
         finally:
             self.manager.close()
             log.info("node %d stopped", self.config.node_id)
+
+
+def _raise_open_file_limit() -> None:
+    """Each partition holds a few file descriptors; lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("open-file limit raised from %d to %d", soft, hard)
 
 
 async def _follow_metadata(quorum: LocalQuorum, apis: KafkaApis) -> None:

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import struct
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import trio
@@ -30,12 +30,20 @@ from raftlog.fetch.schemas import (
     METADATA,
     PRODUCE,
 )
-from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext, api_versions_body
+from raftlog.fetch.server import (
+    Body,
+    ConnectionClosed,
+    Handler,
+    HandlerResult,
+    RequestContext,
+    api_versions_body,
+)
 from raftlog.metadata.errors import wire_error_code
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.placement import PlacementError, assign_replicas
 from raftlog.metadata.quorum import Quorum, QuorumError
 from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
+from raftlog.partition.batch import validate_batches
 from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 
@@ -50,6 +58,9 @@ CONFIG_SOURCE_TOPIC = 1
 CONFIG_SOURCE_STATIC_BROKER = 4
 CONFIG_SOURCE_DEFAULT = 5
 ADMIN_TIMEOUT_S = 10.0
+# Kafka's ReplicationControlManager.MAX_PARTITIONS_PER_BATCH: more new partitions in one
+# CreateTopics/CreatePartitions request are refused with POLICY_VIOLATION.
+PARTITIONS_PER_REQUEST_MAX = 10_000
 _ATTRIBUTES = struct.Struct(">h")
 _BATCH_LENGTH = struct.Struct(">i")
 TRANSACTIONAL_FLAG = 0x10
@@ -160,6 +171,10 @@ class KafkaApis:
         request = ctx.body
         version = ctx.header.api_version
         if version in PRODUCE.rejected:
+            if request.acks == 0:
+                # An acks=0 producer reads no response, so an answer would be taken as the
+                # reply to its next request. Kafka reports acks=0 failures by disconnecting.
+                raise ConnectionClosed(f"Produce v{version} with acks=0 is not supported")
             # Advertised only so old librdkafka enables compression (KAFKA-18659).
             return _produce_body(request, ErrorCode.UNSUPPORTED_VERSION)
         if request.acks not in (-1, 0, 1):
@@ -179,6 +194,12 @@ class KafkaApis:
             "throttle_time_ms": 0,
         }
         if request.acks == 0:
+            failed = [f"{name}-{r['index']} (error {r['error_code']})"
+                      for name, parts in results.items() for r in parts if r["error_code"]]
+            if failed:
+                # No response can carry the error to an acks=0 producer; Kafka closes the
+                # connection so the client notices, instead of dropping the records silently.
+                raise ConnectionClosed(f"Produce with acks=0 failed for {', '.join(failed)}")
             return None
         if not waits:
             return body
@@ -207,11 +228,15 @@ class KafkaApis:
             return result, None
         if records is None or len(records) == 0:
             return _record_error(result, ErrorCode.INVALID_RECORD, "empty record set"), None
-        if _has_transactional_batch(records):
-            # No transaction coordinator has added this partition to a transaction.
-            return _record_error(result, ErrorCode.INVALID_TXN_STATE,
-                                 "transactional batch outside a transaction"), None
         try:
+            if _has_transactional_batch(records):
+                # The walk reads unvalidated headers, so a corrupt batch (a lying batchLength,
+                # an old magic) can look transactional: report the corruption first, as append
+                # would. Only this rare path pays for the extra CRC pass.
+                validate_batches(records)
+                # No transaction coordinator has added this partition to a transaction.
+                return _record_error(result, ErrorCode.INVALID_TXN_STATE,
+                                     "transactional batch outside a transaction"), None
             info = partition.log.append(records, leader_epoch=partition.leader_epoch,
                                         now_ms=now_ms())
         except PartitionLogError as exc:
@@ -350,6 +375,15 @@ class KafkaApis:
 
     def create_topics(self, ctx: RequestContext) -> HandlerResult:
         request = ctx.body
+        requested = sum(
+            len(t.assignments) if t.assignments
+            else self.config.num_partitions if t.num_partitions == -1
+            else max(t.num_partitions, 0)
+            for t in request.topics)
+        if requested > PARTITIONS_PER_REQUEST_MAX:
+            # Placement builds every partition on the event loop: num_partitions=2**31-1
+            # froze the node and exhausted its memory. Refuse it up front, as Kafka does.
+            return _too_many_partitions([t.name for t in request.topics])
 
         async def create_all() -> Body:
             results = []
@@ -432,6 +466,13 @@ class KafkaApis:
 
     def create_partitions(self, ctx: RequestContext) -> HandlerResult:
         request = ctx.body
+        image = self.quorum.image
+        requested = sum(
+            max(t.count - len(image.topics[t.name].partitions), 0)
+            for t in request.topics if t.name in image.topics)
+        if requested > PARTITIONS_PER_REQUEST_MAX:
+            # As in create_topics: a huge count would freeze the node in placement.
+            return _too_many_partitions([t.name for t in request.topics], key="results")
 
         async def create_all() -> Body:
             results = []
@@ -522,12 +563,21 @@ class KafkaApis:
             for p in topic.partitions:
                 if self.config.node_id in p.replicas:
                     wanted.add((topic.name, p.partition))
-                    self.manager.ensure_partition(topic.name, p.partition, configs,
-                                                  p.leader_epoch)
+                    self._open_partition(topic.name, p.partition, configs, p.leader_epoch)
             self.manager.update_configs(topic.name, configs)
         for key in list(self.manager.partitions):
             if key not in wanted:
                 self.manager.remove_partition(*key)
+
+    def _open_partition(self, topic: str, index: int, configs: Mapping[str, str],
+                        leader_epoch: int) -> None:
+        try:
+            self.manager.ensure_partition(topic, index, configs, leader_epoch)
+        except OSError as exc:
+            # Out of file descriptors or disk: this partition stays offline (clients get
+            # NOT_LEADER_OR_FOLLOWER and retry) and the next metadata change retries the open;
+            # the node and its other partitions keep serving.
+            log.error("cannot open partition %s-%d: %s", topic, index, exc)
 
 
 def _broker_properties(config: ServerConfig) -> dict[str, str]:
@@ -561,6 +611,14 @@ def _has_transactional_batch(records: memoryview) -> bool:
             return False  # malformed: append's validation reports it
         pos += 12 + length
     return False
+
+
+def _too_many_partitions(names: Iterable[str], key: str = "topics") -> Body:
+    message = (f"Excessively large number of partitions per request"
+               f" (more than {PARTITIONS_PER_REQUEST_MAX}).")
+    return {"throttle_time_ms": 0, key: [
+        {"name": name, "error_code": ErrorCode.POLICY_VIOLATION, "error_message": message}
+        for name in names]}
 
 
 def _record_error(result: Body, code: ErrorCode, message: str) -> Body:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import struct
 from collections.abc import Awaitable, Callable
@@ -124,10 +125,18 @@ async def _read_requests(
 ) -> None:
     reader = _FrameReader(stream.socket, limits)
     while True:
-        frame = await reader.next_frame()
-        if frame is None:
+        try:
+            frame = await reader.next_frame()
+            if frame is None:
+                return
+            slot = _dispatch(frame, handlers, nursery, peer)
+        except ConnectionClosed as exc:
+            # Requests read before the bad one were already handled (a produce may be in the
+            # log), so their responses still go out, in order, before the close: otherwise a
+            # client that pipelined a produce never learns it was appended and retries it.
+            # Returning closes the slot channel; the writer drains it and the connection ends.
+            log.warning("closing connection from %s: %s", peer, exc)
             return
-        slot = _dispatch(frame, handlers, nursery, peer)
         await slots.send(slot)
 
 
@@ -196,11 +205,14 @@ class _FrameReader:
         self._pending = bytearray()
 
     async def next_frame(self) -> memoryview | None:
-        idle_s = self._limits.idle_ms_max / 1000
+        # A negative connections.max.idle.ms (the config accepts -1) disables the idle timeout,
+        # as in Kafka; trio refuses negative timeouts, so it must become "never".
+        idle_ms = self._limits.idle_ms_max
+        idle_s = idle_ms / 1000 if idle_ms >= 0 else math.inf
         with trio.move_on_after(idle_s) as idle:
             prefix = await self._read_exactly(4, eof_ok=True)
         if idle.cancelled_caught:
-            raise ConnectionClosed(f"idle for {idle_s:.0f} s (connections.max.idle.ms)")
+            raise ConnectionClosed(f"idle for {idle_s:g} s (connections.max.idle.ms)")
         if prefix is None:
             return None
         (size,) = _SIZE.unpack(prefix)
@@ -209,8 +221,12 @@ class _FrameReader:
                 f"frame of {size} bytes outside [8, {self._limits.request_bytes_max}]"
                 " (socket.request.max.bytes)"
             )
-        with trio.fail_after(idle_s):
+        with trio.move_on_after(idle_s) as stalled:
             frame = await self._read_exactly(size, eof_ok=False)
+        if stalled.cancelled_caught:
+            # Said plainly (a bare TooSlowError logged only "send or receive timed out").
+            raise ConnectionClosed(f"only part of a {size}-byte request arrived within"
+                                   f" {idle_s:g} s (connections.max.idle.ms)")
         assert frame is not None
         return frame
 

@@ -1,0 +1,384 @@
+"""The Kafka listener in-process: framing, ordering, back-pressure and failure containment.
+
+Each test serves its own handler table with ``serve_listener`` on a loopback port and talks to
+it over a real TCP connection, so the code under test is exactly the broker's.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import trio
+
+from raftlog.config import ServerConfig
+from raftlog.fetch import codec
+from raftlog.fetch.apis import KafkaApis
+from raftlog.fetch.client import KafkaConnection
+from raftlog.fetch.codec import Api, Struct
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
+from raftlog.fetch.server import (
+    INFLIGHT_REQUESTS_MAX,
+    Body,
+    ConnectionClosed,
+    Handler,
+    HandlerResult,
+    ListenerLimits,
+    RequestContext,
+    _FrameReader,
+    api_versions_body,
+    serve_listener,
+)
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.quorum import Quorum
+from raftlog.partition.manager import PartitionManager
+
+_SIZE = struct.Struct(">i")
+LIMITS = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=10_000)
+
+
+# ---------------------------------------------------------------------------------------------
+# Harness
+
+
+@asynccontextmanager
+async def serving(
+    handlers: Mapping[int, Handler], limits: ListenerLimits = LIMITS
+) -> AsyncIterator[int]:
+    """Serves ``handlers`` on 127.0.0.1 for the duration of the block; yields the port."""
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(serve_listener, "127.0.0.1", 0, dict(handlers), limits)
+        yield port
+        nursery.cancel_scope.cancel()
+
+
+def with_api_versions(handlers: dict[int, Handler]) -> dict[int, Handler]:
+    def api_versions(request: RequestContext) -> HandlerResult:
+        return api_versions_body(ErrorCode.NONE, table)
+
+    table = {API_VERSIONS.key: api_versions, **handlers}
+    return table
+
+
+def frame(api: Api, version: int, body: Mapping[str, Any], correlation_id: int) -> bytes:
+    header = codec.RequestHeader(api.key, version, correlation_id, "unit")
+    payload = codec.encode_request_header(header, api.is_flexible(version)) + codec.encode_bytes(
+        api, version, body, is_request=True)
+    return _SIZE.pack(len(payload)) + payload
+
+
+FETCH_BODY: dict[str, Any] = {"max_wait_ms": 0, "min_bytes": 0, "topics": []}
+
+
+class Client:
+    """Raw frames out, raw frames in."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._buffer = bytearray()
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def read_frame(self, timeout_s: float = 5.0) -> bytes | None:
+        with trio.fail_after(timeout_s):
+            prefix = await self._read_exactly(4)
+            if prefix is None:
+                return None
+            body = await self._read_exactly(_SIZE.unpack(prefix)[0])
+            assert body is not None
+            return body
+
+    async def response(self, api: Api, version: int, correlation_id: int) -> Struct:
+        raw = await self.read_frame()
+        assert raw is not None, "connection closed"
+        view = memoryview(raw)
+        received, pos = codec.decode_response_header(
+            view, api.is_flexible(version) and api is not API_VERSIONS)
+        assert received == correlation_id
+        return codec.decode(api, version, view[pos:], is_request=False)
+
+    async def _read_exactly(self, size: int) -> bytes | None:
+        while len(self._buffer) < size:
+            try:
+                chunk = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                chunk = b""
+            if not chunk:
+                assert not self._buffer, "EOF mid-frame"
+                return None
+            self._buffer += chunk
+        out = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return out
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Ordering
+
+
+async def test_responses_keep_request_order_when_handlers_finish_out_of_order() -> None:
+    count = 12
+
+    def fetch(request: RequestContext) -> HandlerResult:
+        correlation_id = request.header.correlation_id
+
+        async def later() -> Body:
+            await trio.sleep((count - correlation_id) * 0.01)  # the first finishes last
+            return {"throttle_time_ms": 0, "error_code": 0, "session_id": correlation_id,
+                    "responses": []}
+
+        return later
+
+    async with serving(with_api_versions({FETCH.key: fetch})) as port:
+        client = await Client.connect(port)
+        frames = []
+        for i in range(count):
+            api = FETCH if i % 2 == 0 else API_VERSIONS
+            frames.append(frame(api, 11 if api is FETCH else 0, FETCH_BODY if api is FETCH
+                                else {}, i))
+        await client.send(b"".join(frames))
+        for i in range(count):
+            if i % 2 == 0:
+                answer = await client.response(FETCH, 11, i)
+                assert answer.session_id == i  # the body belongs to this request
+            else:
+                await client.response(API_VERSIONS, 0, i)
+        await client.aclose()
+
+
+async def test_handlers_run_in_arrival_order() -> None:
+    seen: list[int] = []
+
+    def produce(request: RequestContext) -> HandlerResult:
+        seen.append(request.header.correlation_id)
+        return None  # acks=0: no response
+
+    async with serving(with_api_versions({PRODUCE.key: produce})) as port:
+        client = await Client.connect(port)
+        body = {"acks": 0, "timeout_ms": 0, "topic_data": []}
+        await client.send(b"".join(frame(PRODUCE, 8, body, i) for i in range(50))
+                          + frame(API_VERSIONS, 0, {}, 50))
+        # No Produce response came first: the first frame is the ApiVersions answer.
+        await client.response(API_VERSIONS, 0, 50)
+        assert seen == list(range(50))
+        await client.aclose()
+
+
+async def test_back_pressure_bounds_requests_in_flight() -> None:
+    release = trio.Event()
+    calls = 0
+
+    def fetch(request: RequestContext) -> HandlerResult:
+        nonlocal calls
+        calls += 1
+        correlation_id = request.header.correlation_id
+
+        async def blocked() -> Body:
+            await release.wait()
+            return {"throttle_time_ms": 0, "error_code": 0, "session_id": correlation_id,
+                    "responses": []}
+
+        return blocked
+
+    total = 3 * INFLIGHT_REQUESTS_MAX
+    async with serving(with_api_versions({FETCH.key: fetch})) as port:
+        client = await Client.connect(port)
+        await client.send(b"".join(frame(FETCH, 11, FETCH_BODY, i) for i in range(total)))
+        await trio.sleep(0.3)
+        # The reader stopped taking requests once the response queue was full.
+        assert INFLIGHT_REQUESTS_MAX <= calls <= INFLIGHT_REQUESTS_MAX + 2, calls
+        release.set()
+        for i in range(total):
+            assert (await client.response(FETCH, 11, i)).session_id == i
+        assert calls == total
+        await client.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol errors and failures
+
+
+async def test_protocol_error_still_answers_earlier_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def fetch(request: RequestContext) -> HandlerResult:
+        async def slow() -> Body:
+            await trio.sleep(0.1)
+            return {"throttle_time_ms": 0, "error_code": 0, "session_id": 7, "responses": []}
+
+        return slow
+
+    async with serving(with_api_versions({FETCH.key: fetch})) as port:
+        client = await Client.connect(port)
+        bad = struct.pack(">hhih", 999, 0, 3, -1)
+        await client.send(frame(FETCH, 11, FETCH_BODY, 1) + frame(API_VERSIONS, 0, {}, 2)
+                          + _SIZE.pack(len(bad)) + bad + frame(API_VERSIONS, 0, {}, 4))
+        assert (await client.response(FETCH, 11, 1)).session_id == 7
+        await client.response(API_VERSIONS, 0, 2)
+        assert await client.read_frame() is None  # closed; request 4 never read
+        await client.aclose()
+    assert "unknown API key 999 (v0, correlation 3)" in caplog.text
+
+
+async def test_handler_bug_costs_one_connection_not_the_listener(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def metadata(request: RequestContext) -> HandlerResult:
+        raise RuntimeError("handler bug")
+
+    def fetch(request: RequestContext) -> HandlerResult:
+        async def broken() -> Body:
+            raise KeyError("deferred bug")
+
+        return broken
+
+    async with serving(with_api_versions({METADATA.key: metadata, FETCH.key: fetch})) as port:
+        for payload in (frame(METADATA, 8, {"topics": None}, 1), frame(FETCH, 11, FETCH_BODY, 1)):
+            bystander = await Client.connect(port)
+            victim = await Client.connect(port)
+            await victim.send(payload)
+            assert await victim.read_frame() is None
+            await bystander.send(frame(API_VERSIONS, 0, {}, 9))
+            await bystander.response(API_VERSIONS, 0, 9)
+            await victim.aclose()
+            await bystander.aclose()
+    assert "handler bug" in caplog.text and "deferred bug" in caplog.text
+    assert "after an internal error" in caplog.text
+
+
+async def test_handler_may_close_the_connection() -> None:
+    """How a handler reports an error that has no response (a failed acks=0 produce)."""
+
+    def produce(request: RequestContext) -> HandlerResult:
+        raise ConnectionClosed("acks=0 produce failed")
+
+    async with serving(with_api_versions({PRODUCE.key: produce})) as port:
+        client = await Client.connect(port)
+        body = {"acks": 0, "timeout_ms": 0, "topic_data": []}
+        await client.send(frame(API_VERSIONS, 0, {}, 1) + frame(PRODUCE, 8, body, 2))
+        await client.response(API_VERSIONS, 0, 1)
+        assert await client.read_frame() is None
+        await client.aclose()
+
+
+@pytest.mark.parametrize("version", [4, 99, -1])
+async def test_api_versions_newer_than_ours_gets_a_v0_error(version: int) -> None:
+    async with serving(with_api_versions({})) as port:
+        client = await Client.connect(port)
+        header = struct.pack(">hhih", API_VERSIONS.key, version, 5, -1)
+        await client.send(_SIZE.pack(len(header) + 3) + header + b"\x00\x01\x02")
+        answer = await client.response(API_VERSIONS, 0, 5)
+        assert answer.error_code == ErrorCode.UNSUPPORTED_VERSION
+        assert [(k.api_key, k.max_version) for k in answer.api_keys] == [(18, 3)]
+        await client.send(frame(API_VERSIONS, 3, {}, 6))  # and the connection is still good
+        assert (await client.response(API_VERSIONS, 3, 6)).error_code == 0
+        await client.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing and idleness
+
+
+async def test_oversized_frame_is_refused_without_reading_it() -> None:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listener.accept()
+    reader = _FrameReader(server.socket, ListenerLimits(request_bytes_max=100, idle_ms_max=1000))
+    await client.send_all(_SIZE.pack(101) + b"x" * 50)
+    with pytest.raises(ConnectionClosed, match=r"frame of 101 bytes outside \[8, 100\]"):
+        await reader.next_frame()
+    # Only the 4-byte prefix was consumed: the body is still in the socket, never buffered.
+    await trio.sleep(0.05)
+    assert await server.receive_some(1000) == b"x" * 50
+    for stream in (client, server):
+        await stream.aclose()
+    await listener.aclose()
+
+
+async def test_negative_idle_ms_disables_the_idle_timeout() -> None:
+    """connections.max.idle.ms=-1 (accepted by the config) means no idle timeout, as in Kafka."""
+    limits = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=-1)
+    async with serving(with_api_versions({}), limits) as port:
+        client = await Client.connect(port)
+        await trio.sleep(0.2)
+        await client.send(frame(API_VERSIONS, 0, {}, 1))
+        await client.response(API_VERSIONS, 0, 1)
+        await client.aclose()
+
+
+async def test_idle_and_stalled_connections_are_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    limits = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=200)
+    async with serving(with_api_versions({}), limits) as port:
+        idle = await Client.connect(port)
+        stalled = await Client.connect(port)
+        await stalled.send(_SIZE.pack(50) + b"\x00\x12")
+        busy = await Client.connect(port)
+        started = trio.current_time()
+        for i in range(5):  # a connection that keeps talking is not idle
+            await trio.sleep(0.08)
+            await busy.send(frame(API_VERSIONS, 0, {}, i))
+            await busy.response(API_VERSIONS, 0, i)
+        assert await idle.read_frame() is None
+        assert await stalled.read_frame() is None
+        assert trio.current_time() - started >= 0.15
+        for client in (idle, stalled, busy):
+            await client.aclose()
+    with caplog.at_level(logging.WARNING):
+        assert "idle for 0.2 s (connections.max.idle.ms)" in caplog.text
+        assert "only part of a 50-byte request arrived within 0.2 s" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Leader epochs (KIP-320), which a single-node broker process never moves
+
+
+async def test_fetch_and_list_offsets_check_the_leader_epoch(tmp_path: Path) -> None:
+    config = ServerConfig.from_properties({"node.id": "1", "log.dirs": str(tmp_path)})
+    manager = PartitionManager(tmp_path, node_id=1)
+    manager.ensure_partition("t", 0, {}, leader_epoch=5)
+    quorum = cast(Quorum, SimpleNamespace(image=MetadataImage()))
+    apis = KafkaApis(config, quorum, manager)
+    try:
+        async with serving(apis.handlers()) as port:
+            client = await KafkaConnection.connect("127.0.0.1", port)
+            expectations = {-1: 0, 5: 0, 4: ErrorCode.FENCED_LEADER_EPOCH,
+                            0: ErrorCode.FENCED_LEADER_EPOCH,
+                            6: ErrorCode.UNKNOWN_LEADER_EPOCH}
+            for epoch, expected in expectations.items():
+                fetched = await client.request(FETCH, {
+                    "max_wait_ms": 0, "min_bytes": 0, "topics": [{"topic": "t", "partitions": [{
+                        "partition": 0, "current_leader_epoch": epoch, "fetch_offset": 0,
+                        "partition_max_bytes": 1000}]}]}, version=11)
+                assert fetched.responses[0].partitions[0].error_code == expected, epoch
+                listed = await client.request(LIST_OFFSETS, {
+                    "replica_id": -1, "isolation_level": 0, "topics": [{"name": "t",
+                    "partitions": [{"partition_index": 0, "current_leader_epoch": epoch,
+                                    "timestamp": -1}]}]}, version=5)
+                assert listed.topics[0].partitions[0].error_code == expected, epoch
+            # Before Fetch v9 there is no epoch in the request, so nothing to check.
+            old = await client.request(FETCH, {
+                "max_wait_ms": 0, "min_bytes": 0, "topics": [{"topic": "t", "partitions": [{
+                    "partition": 0, "fetch_offset": 0, "partition_max_bytes": 1000}]}]},
+                version=8)
+            assert old.responses[0].partitions[0].error_code == 0
+            await client.aclose()
+    finally:
+        manager.close()
