@@ -175,6 +175,8 @@ class Api:
     response: list[Field]
     # Versions advertised but answered with UNSUPPORTED_VERSION (Produce 0-2, see KAFKA-18659).
     rejected: frozenset[int] = field(default_factory=frozenset)
+    # Broker-to-controller APIs: served, but not advertised to clients in ApiVersions.
+    internal: bool = False
 
     def is_flexible(self, version: int) -> bool:
         return version in VersionRange.parse(self.flexible)

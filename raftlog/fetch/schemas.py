@@ -30,16 +30,26 @@ API_VERSIONS = Api(
         F("throttle_time_ms", "int32", "1+"),
         F(
             "supported_features",
-            [F("name", "string", "3+"), F("min_version", "int16", "3+"),
-             F("max_version", "int16", "3+")],
-            "3+", tag=0, tagged="3+",
+            [
+                F("name", "string", "3+"),
+                F("min_version", "int16", "3+"),
+                F("max_version", "int16", "3+"),
+            ],
+            "3+",
+            tag=0,
+            tagged="3+",
         ),
         F("finalized_features_epoch", "int64", "3+", tag=1, tagged="3+", default=-1),
         F(
             "finalized_features",
-            [F("name", "string", "3+"), F("max_version_level", "int16", "3+"),
-             F("min_version_level", "int16", "3+")],
-            "3+", tag=2, tagged="3+",
+            [
+                F("name", "string", "3+"),
+                F("max_version_level", "int16", "3+"),
+                F("min_version_level", "int16", "3+"),
+            ],
+            "3+",
+            tag=2,
+            tagged="3+",
         ),
         F("zk_migration_ready", "bool", "3+", tag=3, tagged="3+", default=False),
     ],
@@ -393,6 +403,238 @@ DESCRIBE_CONFIGS = Api(
     ],
 )
 
+OFFSET_FOR_LEADER_EPOCH = Api(
+    key=23,
+    name="OffsetForLeaderEpoch",
+    min_version=2,
+    max_version=3,
+    flexible="4+",
+    request=[
+        F("replica_id", "int32", "3+", default=-2),
+        F(
+            "topics",
+            [
+                F("topic", "string"),
+                F(
+                    "partitions",
+                    [
+                        F("partition", "int32"),
+                        F("current_leader_epoch", "int32", "2+", default=-1),
+                        F("leader_epoch", "int32"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+    response=[
+        F("throttle_time_ms", "int32", "2+"),
+        F(
+            "topics",
+            [
+                F("topic", "string"),
+                F(
+                    "partitions",
+                    [
+                        F("error_code", "int16"),
+                        F("partition", "int32"),
+                        F("leader_epoch", "int32", "1+", default=-1),
+                        F("end_offset", "int64", default=-1),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+INIT_PRODUCER_ID = Api(
+    key=22,
+    name="InitProducerId",
+    min_version=0,
+    max_version=4,
+    flexible="2+",
+    request=[
+        F("transactional_id", "string", nullable="0+"),
+        F("transaction_timeout_ms", "int32"),
+        F("producer_id", "int64", "3+", default=-1),
+        F("producer_epoch", "int16", "3+", default=-1),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("producer_id", "int64", default=-1),
+        F("producer_epoch", "int16"),
+    ],
+)
+
+# -- Broker-to-controller APIs (KRaft's own), served on the Kafka listener, not advertised ------
+
+BROKER_REGISTRATION = Api(
+    key=62,
+    name="BrokerRegistration",
+    min_version=0,
+    max_version=0,
+    flexible="0+",
+    internal=True,
+    request=[
+        F("broker_id", "int32"),
+        F("cluster_id", "string"),
+        F("incarnation_id", "uuid"),
+        F(
+            "listeners",
+            [
+                F("name", "string"),
+                F("host", "string"),
+                F("port", "uint16"),
+                F("security_protocol", "int16"),
+            ],
+        ),
+        F(
+            "features",
+            [
+                F("name", "string"),
+                F("min_supported_version", "int16"),
+                F("max_supported_version", "int16"),
+            ],
+        ),
+        F("rack", "string", nullable="0+"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("broker_epoch", "int64", default=-1),
+    ],
+)
+
+BROKER_HEARTBEAT = Api(
+    key=63,
+    name="BrokerHeartbeat",
+    min_version=0,
+    max_version=0,
+    flexible="0+",
+    internal=True,
+    request=[
+        F("broker_id", "int32"),
+        F("broker_epoch", "int64", default=-1),
+        F("current_metadata_offset", "int64"),
+        F("want_fence", "bool"),
+        F("want_shut_down", "bool"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("is_caught_up", "bool", default=False),
+        F("is_fenced", "bool", default=True),
+        F("should_shut_down", "bool"),
+    ],
+)
+
+ALTER_PARTITION = Api(
+    key=56,
+    name="AlterPartition",
+    min_version=0,
+    max_version=1,
+    flexible="0+",
+    internal=True,
+    request=[
+        F("broker_id", "int32"),
+        F("broker_epoch", "int64", default=-1),
+        F(
+            "topics",
+            [
+                F("topic_name", "string", "0-1"),
+                F(
+                    "partitions",
+                    [
+                        F("partition_index", "int32"),
+                        F("leader_epoch", "int32"),
+                        F("new_isr", "[]int32", "0-2"),
+                        F("leader_recovery_state", "int8", "1+", default=0),
+                        F("partition_epoch", "int32"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F(
+            "topics",
+            [
+                F("topic_name", "string", "0-1"),
+                F(
+                    "partitions",
+                    [
+                        F("partition_index", "int32"),
+                        F("error_code", "int16"),
+                        F("leader_id", "int32"),
+                        F("leader_epoch", "int32"),
+                        F("isr", "[]int32"),
+                        F("leader_recovery_state", "int8", "1+", default=0),
+                        F("partition_epoch", "int32"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
+ALLOCATE_PRODUCER_IDS = Api(
+    key=67,
+    name="AllocateProducerIds",
+    min_version=0,
+    max_version=0,
+    flexible="0+",
+    internal=True,
+    request=[F("broker_id", "int32"), F("broker_epoch", "int64", default=-1)],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("producer_id_start", "int64"),
+        F("producer_id_len", "int32"),
+    ],
+)
+
+_REPLICA_STATE = [
+    F("replica_id", "int32"),
+    F("log_end_offset", "int64"),
+    F("last_fetch_timestamp", "int64", "1+", default=-1),
+    F("last_caught_up_timestamp", "int64", "1+", default=-1),
+]
+
+DESCRIBE_QUORUM = Api(
+    key=55,
+    name="DescribeQuorum",
+    min_version=0,
+    max_version=1,
+    flexible="0+",
+    internal=True,
+    request=[
+        F("topics", [F("topic_name", "string"), F("partitions", [F("partition_index", "int32")])])
+    ],
+    response=[
+        F("error_code", "int16"),
+        F(
+            "topics",
+            [
+                F("topic_name", "string"),
+                F(
+                    "partitions",
+                    [
+                        F("partition_index", "int32"),
+                        F("error_code", "int16"),
+                        F("leader_id", "int32"),
+                        F("leader_epoch", "int32"),
+                        F("high_watermark", "int64"),
+                        F("current_voters", list(_REPLICA_STATE)),
+                        F("observers", list(_REPLICA_STATE)),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
 ALL_APIS: tuple[Api, ...] = (
     PRODUCE,
     FETCH,
@@ -403,6 +645,13 @@ ALL_APIS: tuple[Api, ...] = (
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     CREATE_PARTITIONS,
+    OFFSET_FOR_LEADER_EPOCH,
+    INIT_PRODUCER_ID,
+    BROKER_REGISTRATION,
+    BROKER_HEARTBEAT,
+    ALTER_PARTITION,
+    ALLOCATE_PRODUCER_IDS,
+    DESCRIBE_QUORUM,
 )
 
 APIS_BY_KEY: dict[int, Api] = {api.key: api for api in ALL_APIS}

@@ -191,7 +191,7 @@ def api_versions_body(error: ErrorCode, handlers: dict[int, Handler]) -> Body:
     keys = [
         {"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
         for api in sorted(APIS_BY_KEY.values(), key=lambda a: a.key)
-        if api.key in handlers
+        if api.key in handlers and not api.internal
     ]
     return {"error_code": int(error), "api_keys": keys, "throttle_time_ms": 0}
 

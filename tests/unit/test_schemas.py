@@ -46,9 +46,15 @@ def _load(name: str) -> dict[str, Any]:
     return loaded
 
 
-def _json_shape(fields: list[dict[str, Any]], version: int, flexible: bool) -> set[tuple[Any, ...]]:
+def _json_shape(
+    fields: list[dict[str, Any]], version: int, flexible: bool,
+    common: dict[str, list[dict[str, Any]]] | None = None,
+) -> set[tuple[Any, ...]]:
+    common = common or {}
     shape: set[tuple[Any, ...]] = set()
     for f in fields:
+        if "fields" not in f and f["type"].removeprefix("[]") in common:
+            f = {**f, "fields": common[f["type"].removeprefix("[]")]}
         if version not in VersionRange.parse(f["versions"]):
             continue
         nullable = version in VersionRange.parse(f.get("nullableVersions"))
@@ -60,7 +66,7 @@ def _json_shape(fields: list[dict[str, Any]], version: int, flexible: bool) -> s
         kind = f["type"]
         inner: frozenset[tuple[Any, ...]] = frozenset()
         if "fields" in f:
-            inner = frozenset(_json_shape(f["fields"], version, flexible))
+            inner = frozenset(_json_shape(f["fields"], version, flexible, common))
             kind = "[]struct" if kind.startswith("[]") else "struct"
         else:
             assert kind.removeprefix("[]") in PRIMITIVES, kind
@@ -100,5 +106,6 @@ def test_schema_matches_kafka_json(api: Api) -> None:
         for version in range(api.min_version, api.max_version + 1):
             assert version in valid
             flexible = api.is_flexible(version)
-            expected = _json_shape(upstream["fields"], version, flexible)
+            common = {c["name"]: c["fields"] for c in upstream.get("commonStructs", [])}
+            expected = _json_shape(upstream["fields"], version, flexible, common)
             assert _our_shape(ours, version, flexible) == expected, f"{api.name}{kind} v{version}"
