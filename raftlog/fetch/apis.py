@@ -26,6 +26,7 @@ from raftlog.fetch.schemas import (
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     FETCH,
+    FIND_COORDINATOR,
     LIST_OFFSETS,
     METADATA,
     PRODUCE,
@@ -96,6 +97,7 @@ class KafkaApis:
             DELETE_TOPICS.key: self.delete_topics,
             CREATE_PARTITIONS.key: self.create_partitions,
             DESCRIBE_CONFIGS.key: self.describe_configs,
+            FIND_COORDINATOR.key: self.find_coordinator,
         }
         return dict(table)
 
@@ -164,6 +166,14 @@ class KafkaApis:
             for p in topic.partitions
         ]
         return {"error_code": 0, "name": name, "is_internal": False, "partitions": partitions}
+
+    def find_coordinator(self, ctx: RequestContext) -> HandlerResult:
+        # Group and transaction coordinators are later milestones. The API is advertised now
+        # because librdkafka enables LZ4 (and its balanced consumer) only when the broker lists
+        # FindCoordinator; until then every lookup says "not available", which clients retry.
+        return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                "error_message": "group and transaction coordinators are not implemented yet",
+                "node_id": -1, "host": "", "port": -1}
 
     # -- Produce -------------------------------------------------------------------------------
 

@@ -466,6 +466,26 @@ INIT_PRODUCER_ID = Api(
     ],
 )
 
+FIND_COORDINATOR = Api(
+    key=10,
+    name="FindCoordinator",
+    min_version=0,
+    max_version=2,
+    flexible="3+",
+    request=[
+        F("key", "string", "0-3"),
+        F("key_type", "int8", "1+", default=0),
+    ],
+    response=[
+        F("throttle_time_ms", "int32", "1+"),
+        F("error_code", "int16", "0-3"),
+        F("error_message", "string", "1-3", nullable="1-3"),
+        F("node_id", "int32", "0-3"),
+        F("host", "string", "0-3"),
+        F("port", "int32", "0-3"),
+    ],
+)
+
 # -- Broker-to-controller APIs (KRaft's own), served on the Kafka listener, not advertised ------
 
 BROKER_REGISTRATION = Api(
@@ -647,6 +667,7 @@ ALL_APIS: tuple[Api, ...] = (
     CREATE_PARTITIONS,
     OFFSET_FOR_LEADER_EPOCH,
     INIT_PRODUCER_ID,
+    FIND_COORDINATOR,
     BROKER_REGISTRATION,
     BROKER_HEARTBEAT,
     ALTER_PARTITION,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,11 +18,21 @@ import pytest
 START_TIMEOUT_S = 20.0
 
 
+# Ports come from below Linux's ephemeral range (32768-60999): a broker restarted on the same
+# port must not find it taken by some client's outgoing connection meanwhile.
+_PORT_LOW, _PORT_HIGH = 20000, 32000
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    for _ in range(200):
+        port = random.randrange(_PORT_LOW, _PORT_HIGH)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass
