@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m raftlog demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check raftlog tests bench examples
+	$(PY) -m ruff check .
 	$(PY) -m mypy raftlog
 
 test: $(STAMP) apt-test lint
