@@ -29,6 +29,7 @@ from raftlog.fetch.schemas import (
     FIND_COORDINATOR,
     LIST_OFFSETS,
     METADATA,
+    OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
 )
 from raftlog.fetch.server import (
@@ -40,18 +41,25 @@ from raftlog.fetch.server import (
     api_versions_body,
 )
 from raftlog.metadata.errors import wire_error_code
-from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.image import NO_LEADER, MetadataImage
 from raftlog.metadata.placement import PlacementError, assign_replicas
 from raftlog.metadata.quorum import Quorum, QuorumError
 from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
 from raftlog.partition.batch import validate_batches
 from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
+from raftlog.partition.replication import ReplicaManager
+from raftlog.txn.producer_state import BatchMetadata
 
 log = logging.getLogger(__name__)
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
+# Kafka's ListOffsets/OffsetForLeaderEpoch replica ids: a consumer, and a debugging tool that
+# may read from any replica (OffsetForLeaderEpoch below v3 has no replica id and means this).
+CONSUMER_REPLICA_ID = -1
+DEBUGGING_REPLICA_ID = -2
+OFFSET_NOT_AVAILABLE = 78  # retriable: a new leader's HW is still below its epoch start
 READ_COMMITTED = 1
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
@@ -64,6 +72,7 @@ ADMIN_TIMEOUT_S = 10.0
 PARTITIONS_PER_REQUEST_MAX = 10_000
 _ATTRIBUTES = struct.Struct(">h")
 _BATCH_LENGTH = struct.Struct(">i")
+_PRODUCER_ID = struct.Struct(">q")
 TRANSACTIONAL_FLAG = 0x10
 
 
@@ -76,15 +85,32 @@ class FetchPlan:
     max_bytes: int
     min_bytes: int
     partitions: tuple[tuple[str, tuple[Struct, ...]], ...]
+    replica_id: int = CONSUMER_REPLICA_ID  # >= 0: a follower's fetch
+
+    @property
+    def from_follower(self) -> bool:
+        return self.replica_id >= 0
 
 
 class KafkaApis:
-    """The broker's handlers, bound to its configuration, quorum and partitions."""
+    """The broker's handlers, bound to its configuration, quorum and partitions.
 
-    def __init__(self, config: ServerConfig, quorum: Quorum, manager: PartitionManager) -> None:
+    ``replicas`` assigns partition roles from metadata and runs the follower fetchers; without
+    one, a ReplicaManager with default settings and no AlterPartition callback is made (enough
+    for a single node, where every partition has one replica and no fetcher is needed).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        quorum: Quorum,
+        manager: PartitionManager,
+        replicas: ReplicaManager | None = None,
+    ) -> None:
         self.config = config
         self.quorum = quorum
         self.manager = manager
+        self.replicas = ReplicaManager(manager) if replicas is None else replicas
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -93,6 +119,7 @@ class KafkaApis:
             PRODUCE.key: self.produce,
             FETCH.key: self.fetch,
             LIST_OFFSETS.key: self.list_offsets,
+            OFFSET_FOR_LEADER_EPOCH.key: self.offset_for_leader_epoch,
             CREATE_TOPICS.key: self.create_topics,
             DELETE_TOPICS.key: self.delete_topics,
             CREATE_PARTITIONS.key: self.create_partitions,
@@ -155,7 +182,7 @@ class KafkaApis:
                     "partitions": []}
         partitions = [
             {
-                "error_code": 0,
+                "error_code": ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else 0,
                 "partition_index": p.partition,
                 "leader_id": p.leader,
                 "leader_epoch": p.leader_epoch,
@@ -190,13 +217,13 @@ class KafkaApis:
         if request.acks not in (-1, 0, 1):
             return _produce_body(request, ErrorCode.INVALID_REQUIRED_ACKS)
         results: dict[str, list[Body]] = {}
-        waits: list[tuple[Partition, int, Body]] = []
+        waits: list[_AckWait] = []
         for topic in request.topic_data:
             for data in topic.partition_data:
-                result, wait = self._append(topic.name, data.index, data.records)
+                result, wait = self._append(topic.name, data.index, data.records, request.acks)
                 results.setdefault(topic.name, []).append(result)
                 if wait is not None:
-                    waits.append((wait[0], wait[1], result))
+                    waits.append(wait)
         body: Body = {
             "responses": [
                 {"name": name, "partition_responses": parts} for name, parts in results.items()
@@ -211,30 +238,30 @@ class KafkaApis:
                 # connection so the client notices, instead of dropping the records silently.
                 raise ConnectionClosed(f"Produce with acks=0 failed for {', '.join(failed)}")
             return None
+        waits = [wait for wait in waits if not wait.satisfied()]
         if not waits:
             return body
         deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
 
-        async def wait_until_durable() -> Body:
-            for partition, target, result in waits:
-                if not await partition.wait_high_watermark(target, deadline):
-                    result["error_code"] = (
-                        ErrorCode.NOT_LEADER_OR_FOLLOWER
-                        if partition.deleted
-                        else ErrorCode.REQUEST_TIMED_OUT
-                    )
+        async def wait_until_acknowledged() -> Body:
+            for wait in waits:
+                await wait.partition.wait_until(wait.settled, deadline)
+                wait.result["error_code"] = wait.error_code()
             return body
 
-        return wait_until_durable
+        return wait_until_acknowledged
 
     def _append(
-        self, topic: str, index: int, records: memoryview | None
-    ) -> tuple[Body, tuple[Partition, int] | None]:
+        self, topic: str, index: int, records: memoryview | None, acks: int
+    ) -> tuple[Body, _AckWait | None]:
         result: Body = {"index": index, "error_code": 0, "base_offset": -1,
                         "log_append_time_ms": -1, "log_start_offset": -1}
         partition = self.manager.get(topic, index)
         if partition is None:
             result["error_code"] = self._missing_partition_error(topic, index)
+            return result, None
+        if not partition.is_leader:
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
             return result, None
         if records is None or len(records) == 0:
             return _record_error(result, ErrorCode.INVALID_RECORD, "empty record set"), None
@@ -247,16 +274,48 @@ class KafkaApis:
                 # No transaction coordinator has added this partition to a transaction.
                 return _record_error(result, ErrorCode.INVALID_TXN_STATE,
                                      "transactional batch outside a transaction"), None
+            if acks == -1 and partition.isr_size < partition.min_insync_replicas:
+                # Checked before appending, as Kafka does: nothing is written.
+                result["error_code"] = ErrorCode.NOT_ENOUGH_REPLICAS
+                result["error_message"] = (
+                    f"The ISR has {partition.isr_size} replicas, fewer than"
+                    f" min.insync.replicas={partition.min_insync_replicas}.")
+                return result, None
+            idempotent = _is_idempotent(records)
+            headers = validate_batches(records) if idempotent else []
+            if idempotent:
+                check = partition.producers.check_appends(headers)
+                if check.error:
+                    return _record_error(result, ErrorCode(check.error),
+                                         check.message or "producer state check failed"), None
+                if check.duplicate is not None:
+                    return self._duplicate(partition, check.duplicate, acks, result)
             info = partition.log.append(records, leader_epoch=partition.leader_epoch,
                                         now_ms=now_ms())
         except PartitionLogError as exc:
             log.info("rejected produce to %s-%d: %s", topic, index, exc)
             return _record_error(result, ErrorCode(exc.error_code), str(exc)), None
+        if idempotent:
+            # Committed only after the append succeeded (validated on the side before).
+            partition.producers.commit_appends(headers, info.base_offset, now_ms(),
+                                               info.log_append_time_ms)
         self.manager.note_append(partition)
         result["base_offset"] = info.base_offset
         result["log_append_time_ms"] = info.log_append_time_ms
         result["log_start_offset"] = partition.log.log_start_offset
-        return result, (partition, info.last_offset + 1)
+        return result, _AckWait(partition, info.last_offset + 1, acks, result,
+                                partition.leadership_generation)
+
+    def _duplicate(self, partition: Partition, duplicate: BatchMetadata, acks: int,
+                   result: Body) -> tuple[Body, _AckWait | None]:
+        """A retried batch already in the log: answer with its original offsets, writing
+        nothing, once the original is as durable as the producer asked (Kafka waits too)."""
+        result["base_offset"] = duplicate.first_offset
+        if partition.log.config.message_timestamp_type == "LogAppendTime":
+            result["log_append_time_ms"] = duplicate.timestamp_ms
+        result["log_start_offset"] = partition.log.log_start_offset
+        return result, _AckWait(partition, duplicate.last_offset + 1, acks, result,
+                                partition.leadership_generation)
 
     def _missing_partition_error(self, topic: str, index: int) -> ErrorCode:
         known = self.quorum.image.topics.get(topic)
@@ -274,8 +333,9 @@ class KafkaApis:
             max_bytes=max(request.max_bytes, 0),
             min_bytes=max(request.min_bytes, 0),
             partitions=tuple((t.topic, t.partitions) for t in request.topics),
+            replica_id=request.replica_id,
         )
-        body, total_bytes, failed = self._read_fetch(plan)
+        body, total_bytes, failed = self._read_fetch(plan, record=True)
         if total_bytes >= plan.min_bytes or failed or request.max_wait_ms <= 0:
             return body
         _close_regions(body)
@@ -283,15 +343,18 @@ class KafkaApis:
 
         async def long_poll() -> Body:
             while True:
-                await self.manager.wait_for_data(deadline)
-                body, total_bytes, failed = self._read_fetch(plan)
+                if plan.from_follower:  # followers want anything appended, not just the HW
+                    await self.manager.wait_for_append(deadline)
+                else:
+                    await self.manager.wait_for_data(deadline)
+                body, total_bytes, failed = self._read_fetch(plan, record=False)
                 if total_bytes >= plan.min_bytes or failed or trio.current_time() >= deadline:
                     return body
                 _close_regions(body)
 
         return long_poll
 
-    def _read_fetch(self, plan: FetchPlan) -> tuple[Body, int, bool]:
+    def _read_fetch(self, plan: FetchPlan, *, record: bool) -> tuple[Body, int, bool]:
         budget = plan.max_bytes
         total = 0
         failed = False
@@ -299,7 +362,8 @@ class KafkaApis:
         for name, partitions in plan.partitions:
             out = []
             for request in partitions:
-                result, size = self._read_partition(plan, name, request, budget, total == 0)
+                result, size = self._read_partition(plan, name, request, budget, total == 0,
+                                                    record)
                 budget = max(budget - size, 0)
                 total += size
                 failed = failed or result["error_code"] != 0
@@ -309,7 +373,8 @@ class KafkaApis:
         return body, total, failed
 
     def _read_partition(
-        self, plan: FetchPlan, topic: str, request: Struct, budget: int, first: bool
+        self, plan: FetchPlan, topic: str, request: Struct, budget: int, first: bool,
+        record: bool,
     ) -> tuple[Body, int]:
         result: Body = {"partition_index": request.partition, "error_code": 0,
                         "high_watermark": -1, "last_stable_offset": -1,
@@ -323,16 +388,28 @@ class KafkaApis:
         if epoch_error:
             result["error_code"] = epoch_error
             return result, 0
+        if not partition.is_leader:
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            return result, 0
         partition_log = partition.log
+        offset = request.fetch_offset
+        in_range = partition_log.log_start_offset <= offset <= partition_log.log_end_offset
+        if plan.from_follower and in_range and record and not self.replicas.record_follower_fetch(
+                partition, plan.replica_id, offset):
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER  # not one of its replicas
+            return result, 0
         result["high_watermark"] = partition.high_watermark
         result["last_stable_offset"] = partition.last_stable_offset
         result["log_start_offset"] = partition_log.log_start_offset
-        offset = request.fetch_offset
-        if offset < partition_log.log_start_offset or offset > partition_log.log_end_offset:
+        if not in_range:
             result["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
             return result, 0
-        max_offset = (partition.last_stable_offset if plan.isolation_level == READ_COMMITTED
-                      else partition.high_watermark)
+        if plan.from_follower:  # followers replicate everything written, not just the HW
+            max_offset = partition_log.log_end_offset
+        elif plan.isolation_level == READ_COMMITTED:
+            max_offset = partition.last_stable_offset
+        else:
+            max_offset = partition.high_watermark
         limit = min(max(request.partition_max_bytes, 0), budget)
         if offset >= max_offset or (limit == 0 and not first):
             result["records"] = b""
@@ -351,12 +428,14 @@ class KafkaApis:
         request = ctx.body
         topics = []
         for topic in request.topics:
-            parts = [self._list_offset(topic.name, p, request.isolation_level)
+            parts = [self._list_offset(topic.name, p, request.isolation_level,
+                                       request.replica_id)
                      for p in topic.partitions]
             topics.append({"name": topic.name, "partitions": parts})
         return {"throttle_time_ms": 0, "topics": topics}
 
-    def _list_offset(self, topic: str, request: Struct, isolation_level: int) -> Body:
+    def _list_offset(self, topic: str, request: Struct, isolation_level: int,
+                     replica_id: int) -> Body:
         result: Body = {"partition_index": request.partition_index, "error_code": 0,
                         "timestamp": -1, "offset": -1, "leader_epoch": -1}
         partition = self.manager.get(topic, request.partition_index)
@@ -367,18 +446,66 @@ class KafkaApis:
         if epoch_error:
             result["error_code"] = epoch_error
             return result
+        if not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            return result
         result["leader_epoch"] = partition.leader_epoch
+        from_client = replica_id == CONSUMER_REPLICA_ID
+        # A new leader whose HW has not yet reached the start of its epoch may be behind
+        # what the previous leader exposed: clients retry rather than see offsets go back.
+        state = partition.leader_state
+        hw_lagging = from_client and state is not None and \
+            partition.high_watermark < state.epoch_start_offset
         if request.timestamp == LATEST_TIMESTAMP:
-            result["offset"] = (partition.last_stable_offset if isolation_level == READ_COMMITTED
-                                else partition.high_watermark)
+            if not from_client:
+                result["offset"] = partition.log.log_end_offset  # a replica: the log end
+            elif hw_lagging:
+                result["error_code"] = OFFSET_NOT_AVAILABLE
+            elif isolation_level == READ_COMMITTED:
+                result["offset"] = partition.last_stable_offset
+            else:
+                result["offset"] = partition.high_watermark
         elif request.timestamp == EARLIEST_TIMESTAMP:
             result["offset"] = partition.log.log_start_offset
         elif request.timestamp >= 0:
             found = partition.log.offset_for_timestamp(request.timestamp)
             if found is not None and found[0] < partition.high_watermark:
                 result["offset"], result["timestamp"] = found
+            elif hw_lagging:
+                result["error_code"] = OFFSET_NOT_AVAILABLE
         else:
             result["error_code"] = ErrorCode.INVALID_REQUEST
+        return result
+
+    # -- OffsetForLeaderEpoch ------------------------------------------------------------------
+
+    def offset_for_leader_epoch(self, ctx: RequestContext) -> HandlerResult:
+        """Where a leader epoch ends in this log (KIP-101/279): followers truncate to it,
+        KIP-320 consumers validate their position with it."""
+        request = ctx.body
+        topics = []
+        for topic in request.topics:
+            parts = [self._epoch_end_offset(topic.topic, p, request.replica_id)
+                     for p in topic.partitions]
+            topics.append({"topic": topic.topic, "partitions": parts})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    def _epoch_end_offset(self, topic: str, request: Struct, replica_id: int) -> Body:
+        result: Body = {"error_code": 0, "partition": request.partition, "leader_epoch": -1,
+                        "end_offset": -1}
+        partition = self.manager.get(topic, request.partition)
+        if partition is None:
+            result["error_code"] = self._missing_partition_error(topic, request.partition)
+            return result
+        epoch_error = _check_leader_epoch(request.current_leader_epoch, partition.leader_epoch)
+        if epoch_error:
+            result["error_code"] = epoch_error
+            return result
+        if not partition.is_leader and replica_id != DEBUGGING_REPLICA_ID:
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            return result
+        result["leader_epoch"], result["end_offset"] = partition.log.end_offset_for_epoch(
+            request.leader_epoch)
         return result
 
     # -- Admin: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs ----------------
@@ -565,29 +692,10 @@ class KafkaApis:
     # -- keeping local partitions in step with metadata --------------------------------------
 
     def sync_partitions(self) -> None:
-        """Opens logs for partitions this node leads and deletes those of deleted topics."""
-        image = self.quorum.image
-        wanted: set[tuple[str, int]] = set()
-        for topic in image.topics.values():
-            configs = {**self.config.topic_defaults(), **dict(topic.configs)}
-            for p in topic.partitions:
-                if self.config.node_id in p.replicas:
-                    wanted.add((topic.name, p.partition))
-                    self._open_partition(topic.name, p.partition, configs, p.leader_epoch)
-            self.manager.update_configs(topic.name, configs)
-        for key in list(self.manager.partitions):
-            if key not in wanted:
-                self.manager.remove_partition(*key)
-
-    def _open_partition(self, topic: str, index: int, configs: Mapping[str, str],
-                        leader_epoch: int) -> None:
-        try:
-            self.manager.ensure_partition(topic, index, configs, leader_epoch)
-        except OSError as exc:
-            # Out of file descriptors or disk: this partition stays offline (clients get
-            # NOT_LEADER_OR_FOLLOWER and retry) and the next metadata change retries the open;
-            # the node and its other partitions keep serving.
-            log.error("cannot open partition %s-%d: %s", topic, index, exc)
+        """Brings local partitions and their roles in step with the metadata image: opens
+        logs for partitions assigned to this node, makes each leader or follower, and
+        deletes those no longer assigned here (see ``ReplicaManager.apply_image``)."""
+        self.replicas.apply_image(self.quorum.image, self.config.topic_defaults())
 
 
 def _broker_properties(config: ServerConfig) -> dict[str, str]:
@@ -631,6 +739,11 @@ def _too_many_partitions(names: Iterable[str], key: str = "topics") -> Body:
         for name in names]}
 
 
+def _is_idempotent(records: memoryview) -> bool:
+    """Whether the first batch carries a producer id (raw header read; validated after)."""
+    return len(records) >= 51 and _PRODUCER_ID.unpack_from(records, 43)[0] >= 0
+
+
 def _record_error(result: Body, code: ErrorCode, message: str) -> Body:
     result["error_code"] = code
     result["error_message"] = message
@@ -661,3 +774,39 @@ def _close_regions(body: Body) -> None:
             if isinstance(records, list):
                 for region in records:
                     region.close()
+
+
+@dataclass(eq=False)
+class _AckWait:
+    """One partition of a Produce waiting for its acknowledgement: acks=all until the HW
+    passes ``target`` (every ISR member has it), acks=1 until this leader has fsynced it."""
+
+    partition: Partition
+    target: int
+    acks: int
+    result: Body
+    leadership_generation: int
+
+    def lost_leadership(self) -> bool:
+        partition = self.partition
+        return partition.deleted or partition.leadership_generation != self.leadership_generation
+
+    def satisfied(self) -> bool:
+        partition = self.partition
+        if self.acks == -1:
+            return partition.high_watermark >= self.target
+        return not partition.durable_acks or partition.log.flushed_offset >= self.target
+
+    def settled(self) -> bool:
+        return self.lost_leadership() or self.satisfied()
+
+    def error_code(self) -> int:
+        partition = self.partition
+        if self.lost_leadership():
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if not self.satisfied():
+            return ErrorCode.REQUEST_TIMED_OUT
+        if self.acks == -1 and partition.isr_size < partition.min_insync_replicas:
+            # Kafka: the records are in, but the ISR shrank below the minimum meanwhile.
+            return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        return self.result["error_code"]  # type: ignore[no-any-return]

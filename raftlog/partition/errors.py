@@ -13,6 +13,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "PartitionLogError",
     "RecordTooLargeError",
+    "UnexpectedOffsetError",
     "UnsupportedCompressionError",
 ]
 
@@ -52,3 +53,9 @@ class UnsupportedCompressionError(PartitionLogError):
     """Record decoding was asked to look inside a compressed batch."""
 
     error_code = 76  # UNSUPPORTED_COMPRESSION_TYPE
+
+
+class UnexpectedOffsetError(PartitionLogError):
+    """Replicated batches that do not continue the log at its end offset, or have gaps."""
+
+    error_code = -1  # UNKNOWN_SERVER_ERROR: only followers append replicated batches

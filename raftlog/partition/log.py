@@ -34,7 +34,16 @@ from raftlog.partition.batch import (
     parse_header,
     validate_batches,
 )
-from raftlog.partition.errors import OffsetOutOfRangeError, RecordTooLargeError
+from raftlog.partition.epoch_cache import (
+    LEADER_EPOCH_CHECKPOINT,
+    LeaderEpochCache,
+    entries_from_batches,
+)
+from raftlog.partition.errors import (
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    UnexpectedOffsetError,
+)
 from raftlog.partition.files import TMP_SUFFIX, fsync_directory, open_directory, write_atomically
 from raftlog.partition.index import INT32_MAX
 from raftlog.partition.segment import (
@@ -211,12 +220,14 @@ class PartitionLog:
         config: LogConfig,
         segments: list[Segment],
         log_start_offset: int,
+        epoch_cache: LeaderEpochCache | None = None,
     ) -> None:
         assert segments, "a log always has an active segment"
         self.directory = directory
         self.config = config
         self._segments = segments
         self._log_start_offset = log_start_offset
+        self.epoch_cache = LeaderEpochCache(None) if epoch_cache is None else epoch_cache
         self._flushed_offset = log_start_offset
         self._flush_target_offset = log_start_offset  # end offset of the latest ticket
         self._first_unflushed_ms: int | None = None  # append time of the oldest unticketed data
@@ -244,12 +255,40 @@ class PartitionLog:
             first_offset = 0 if checkpoint is None else checkpoint
             segments = [Segment.create(directory, first_offset, config.index_interval_bytes)]
         log = cls(directory, config, segments, _start_offset(checkpoint, segments))
+        log.epoch_cache = log._load_epoch_cache()
         ticket = log.begin_flush()
         assert ticket is not None, "a freshly opened log has never been synced"
         ticket.run()
         log.complete_flush(ticket)
         log._check_invariants()
         return log
+
+    def _load_epoch_cache(self) -> LeaderEpochCache:
+        """The leader-epoch checkpoint, trimmed to the recovered log; rebuilt from the batch
+        headers when it is missing or unreadable (e.g. a log written before epochs were
+        cached). A crash can leave the checkpoint ahead of the log (it is written before the
+        append it describes), never behind."""
+        path = self.directory / LEADER_EPOCH_CHECKPOINT
+        cache = LeaderEpochCache.load(path)
+        if cache is None:
+            cache = LeaderEpochCache(path)
+            entries = entries_from_batches(self._batch_epochs())
+            if entries:  # no file means no entries: a new log writes it on its first epoch
+                cache.replace(entries)
+                logger.info("%s: leader-epoch cache rebuilt from the log: %s",
+                            self.directory, entries)
+        cache.truncate_from_end(self.log_end_offset)
+        cache.truncate_from_start(self._log_start_offset)
+        return cache
+
+    def _batch_epochs(self) -> list[tuple[int, int]]:
+        """(partitionLeaderEpoch, base offset) of every batch, reading headers only."""
+        return [
+            (header.partition_leader_epoch, header.base_offset)
+            for segment in self._segments
+            for _, header in segment.iter_headers(0)
+            if header.next_offset > self._log_start_offset
+        ]
 
     # --- offsets and sizes -----------------------------------------------------------------
 
@@ -307,11 +346,8 @@ class PartitionLog:
         next_offset = assign_offsets(buf, headers, base_offset, leader_epoch, append_time_ms)
         self._maybe_roll(len(buf), next_offset - 1, now_ms)
         written = _reparse_headers(buf, headers, base_offset)
-        self._active.append(buf, written, now_ms)
+        self._write_batches(buf, written, now_ms)
         assert self.log_end_offset == next_offset, "every assigned offset must be in the log"
-        if self._first_unflushed_ms is None:
-            self._first_unflushed_ms = now_ms
-        self._check_invariants()
         return AppendInfo(
             base_offset=base_offset,
             last_offset=next_offset - 1,
@@ -320,6 +356,71 @@ class PartitionLog:
             record_count=next_offset - base_offset,
             size_bytes=len(buf),
         )
+
+    def append_replicated(
+        self, records: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> AppendInfo:
+        """Append batches exactly as the leader wrote them (a follower's append): offsets,
+        partitionLeaderEpoch and timestamps are kept, control batches are allowed.
+
+        Checks every header and CRC, that the first batch starts at ``log_end_offset`` and
+        that the batches are contiguous. Raises CorruptRecordError, InvalidRecordError or
+        UnexpectedOffsetError and then writes nothing. Not fsynced: see flush.
+        """
+        assert not self._closed
+        headers = validate_batches(records, allow_control=True)
+        expected_offset = self.log_end_offset
+        for header in headers:
+            if header.base_offset != expected_offset:
+                raise UnexpectedOffsetError(
+                    f"replicated batch at offset {header.base_offset}, expected "
+                    f"{expected_offset} (log end offset {self.log_end_offset})"
+                )
+            expected_offset = header.next_offset
+        base_offset = self.log_end_offset
+        self._maybe_roll(len(records), expected_offset - 1, now_ms)
+        self._write_batches(bytes(records), headers, now_ms)
+        assert self.log_end_offset == expected_offset
+        return AppendInfo(
+            base_offset=base_offset,
+            last_offset=expected_offset - 1,
+            max_timestamp=max(header.max_timestamp for header in headers),
+            log_append_time_ms=-1,
+            record_count=expected_offset - base_offset,
+            size_bytes=len(records),
+        )
+
+    def _write_batches(
+        self, buf: bytes | bytearray, headers: Sequence[BatchHeader], now_ms: int
+    ) -> None:
+        """Write batches whose headers are final at the log end. New leader epochs are
+        recorded in the epoch cache first (Kafka's order), and undone if the write fails."""
+        for header in headers:
+            if header.partition_leader_epoch >= 0:
+                self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        try:
+            self._active.append(buf, headers, now_ms)
+        except BaseException:
+            self.epoch_cache.truncate_from_end(self.log_end_offset)
+            raise
+        if self._first_unflushed_ms is None:
+            self._first_unflushed_ms = now_ms
+        self._check_invariants()
+
+    # --- leader epochs ---------------------------------------------------------------------
+
+    @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the epoch cache, or -1."""
+        return self.epoch_cache.latest_epoch
+
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """A new leader's first act: its epoch starts at the current log end offset."""
+        self.epoch_cache.assign(epoch, self.log_end_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) for OffsetForLeaderEpoch; (-1, -1) when unknown."""
+        return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
 
     def _check_batch_sizes(self, headers: Sequence[BatchHeader]) -> None:
         for header in headers:
@@ -474,6 +575,7 @@ class PartitionLog:
         del self._segments[:count]
         self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
         self._write_checkpoint()  # also fsyncs the directory, making the unlinks durable
+        self.epoch_cache.truncate_from_start(self._log_start_offset)
         self._check_invariants()
         return count
 
@@ -519,8 +621,35 @@ class PartitionLog:
         self._flushed_offset = min(self._flushed_offset, end_offset)
         self._flush_target_offset = min(self._flush_target_offset, end_offset)
         self._log_start_offset = min(self._log_start_offset, end_offset)
+        self.epoch_cache.truncate_from_end(end_offset)
         self._check_invariants()
         return end_offset
+
+    def reset_to(self, offset: int) -> None:
+        """Delete every batch and restart the log empty at ``offset`` (Kafka's
+        truncateFullyAndStartAt: a follower whose log ends below the leader's log start).
+        Blocking: fsyncs the directory and the log-start checkpoint."""
+        assert not self._closed and offset >= 0
+        namesake = next((s for s in self._segments if s.base_offset == offset), None)
+        if namesake is None:  # create first, so a failure leaves the log as it was
+            new_segment = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+        else:
+            namesake.truncate_to(offset)  # empties it (fsynced) and reopens it for appends
+            new_segment = namesake
+        for segment in self._segments:
+            if segment is not new_segment:
+                segment.delete()
+        self._segments = [new_segment]
+        self._log_start_offset = offset
+        self._generation += 1
+        self._flushed_offset = offset
+        self._flush_target_offset = offset
+        self._first_unflushed_ms = None
+        self._directory_version += 1
+        self._write_checkpoint()
+        self._directory_synced_version = self._directory_version
+        self.epoch_cache.clear()
+        self._check_invariants()
 
     def close(self) -> None:
         """Close every fd. Does not fsync: flush first if the data must be durable."""

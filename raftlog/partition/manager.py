@@ -7,9 +7,15 @@
   dirty log in a worker thread, so one fsync covers every request that arrived meanwhile;
 * the high watermark: with the default durability (``flush.messages`` unset) a record is
   visible to consumers and acknowledged to producers only once it is fsynced. Relaxed
-  ``flush.messages`` / ``flush.ms`` make it visible at once and fsync on that policy;
-* waiting: producers wait for the high watermark to pass their offsets, long-poll fetches
-  wait for any high watermark to move.
+  ``flush.messages`` / ``flush.ms`` make it visible at once and fsync on that policy. On a
+  leader with followers the HW is also bounded by the ISR's log end offsets
+  (``replica_state.LeaderState``); on a follower it is the leader's, capped at its own end;
+* waiting: producers wait for the high watermark (acks=all) or the flushed offset (acks=1)
+  to pass their offsets, long-poll fetches wait for any high watermark to move, follower
+  fetches for any append.
+
+Each partition starts as a standalone leader (itself the only replica), which is exactly the
+single-node behaviour; ``replication.ReplicaManager`` assigns roles from the metadata image.
 """
 
 from __future__ import annotations
@@ -17,18 +23,30 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from raftlog.partition.log import LogConfig, PartitionLog
+from raftlog.partition.replica_state import LeaderState
+from raftlog.txn.producer_state import ProducerStateManager
+from raftlog.txn.snapshot import (
+    load_producer_state,
+    log_headers,
+    prune_snapshots,
+    reset_producer_state,
+    truncate_producer_state,
+    write_snapshot_bytes,
+)
 
 log = logging.getLogger(__name__)
 
 RETENTION_CHECK_INTERVAL_S = 30.0
 FLUSH_POLL_INTERVAL_S = 0.1
+DEFAULT_MIN_INSYNC_REPLICAS = 1
+DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
 
 
 def now_ms() -> int:
@@ -65,7 +83,13 @@ def log_config_for(configs: Mapping[str, str]) -> LogConfig:
 
 @dataclass(eq=False)
 class Partition:
-    """One local partition replica: its log plus the trio-side watermark state."""
+    """One local partition replica: its log plus the trio-side watermark and role state.
+
+    ``is_leader`` with ``leader_state`` None is a standalone leader (no followers): its high
+    watermark is its own durable end, as on a single node. ``leadership_generation`` moves
+    every time this replica stops leading, so a producer waiting for an acknowledgement can
+    tell that the data it appended may have been truncated since.
+    """
 
     topic: str
     index: int
@@ -73,7 +97,19 @@ class Partition:
     leader_epoch: int
     high_watermark: int = 0
     deleted: bool = False
-    _hw_moved: trio.Event = field(default_factory=trio.Event)
+    is_leader: bool = True
+    leader_id: int = -1
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()  # committed ISR, as the image (or an AlterPartition answer) says
+    partition_epoch: int = 0
+    leader_state: LeaderState | None = None
+    min_insync_replicas: int = DEFAULT_MIN_INSYNC_REPLICAS
+    replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS
+    leadership_generation: int = 0
+    # Idempotent producers seen in this partition (leaders check, followers replay).
+    producers: ProducerStateManager = field(default_factory=ProducerStateManager)
+    producers_snapshot_offset: int = -1
+    _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
     def durable_acks(self) -> bool:
@@ -86,21 +122,95 @@ class Partition:
         # No transactions yet, so every offset below the high watermark is stable.
         return self.high_watermark
 
+    @property
+    def local_end_offset(self) -> int:
+        """The end of what this replica counts as its own in the HW: fsynced data by default,
+        everything written when flushing is relaxed."""
+        return self.log.flushed_offset if self.durable_acks else self.log.log_end_offset
+
+    @property
+    def isr_size(self) -> int:
+        """Committed ISR size for min.insync.replicas (1 for a standalone leader)."""
+        return len(self.isr) if self.leader_state is not None else max(len(self.isr), 1)
+
+    def notify_changed(self) -> None:
+        """Wake every waiter on this partition (HW, flushed offset, role or deletion moved)."""
+        self._changed.set()
+        self._changed = trio.Event()
+
     def advance_high_watermark(self, offset: int) -> bool:
         assert offset <= self.log.log_end_offset, (offset, self.log.log_end_offset)
         if offset <= self.high_watermark:
             return False
         self.high_watermark = offset
-        self._hw_moved.set()
-        self._hw_moved = trio.Event()
+        self.notify_changed()
         return True
+
+    def leader_high_watermark_candidate(self, now_ms: int, is_eligible: Callable[[int], bool]
+                                        ) -> int:
+        if self.leader_state is None:
+            return self.local_end_offset
+        return self.leader_state.high_watermark_candidate(
+            self.local_end_offset, self.log.log_end_offset, now_ms,
+            self.replica_lag_time_max_ms, is_eligible)
+
+    def truncate_to(self, offset: int) -> int:
+        """Truncate the log (a follower's divergent tail); the HW follows it down."""
+        end_offset = self.log.truncate_to(offset)
+        self.high_watermark = min(self.high_watermark, end_offset)
+        self.producers = truncate_producer_state(
+            self.producers, self.log.directory, end_offset,
+            log_start_offset=self.log.log_start_offset,
+            read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms())
+        self.notify_changed()
+        return end_offset
+
+    def reset_to(self, offset: int) -> None:
+        """Empty the log and restart it at ``offset`` (below the leader's log start)."""
+        self.log.reset_to(offset)
+        self.high_watermark = offset
+        self.producers = reset_producer_state(self.log.directory, offset)
+        self.notify_changed()
+
+    def load_producers(self) -> None:
+        """Producer state on open: the newest snapshot plus a header scan of the log after it,
+        so deduplication survives restarts and a follower that becomes leader knows every
+        producer."""
+        self.producers = load_producer_state(
+            self.log.directory, log_start_offset=self.log.log_start_offset,
+            log_end_offset=self.log.log_end_offset,
+            read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms())
+        self.producers_snapshot_offset = self.producers.end_offset
+
+    def producer_snapshot(self) -> tuple[int, bytes] | None:
+        """(offset, bytes) of a new producer-state snapshot when the log moved since the
+        last one; the caller writes it (in a worker thread)."""
+        self.producers.advance_end_offset(self.log.log_end_offset)
+        offset = self.producers.end_offset
+        if offset <= self.producers_snapshot_offset:
+            return None
+        self.producers_snapshot_offset = offset
+        return offset, self.producers.to_bytes()
+
+    async def wait_until(self, predicate: Callable[[], bool], deadline: float) -> bool:
+        """Waits until ``predicate()`` holds (re-checked whenever this partition changes) or
+        the deadline; returns the predicate's last value."""
+        with trio.move_on_at(deadline):
+            while not predicate():
+                await self._changed.wait()
+        return predicate()
 
     async def wait_high_watermark(self, offset: int, deadline: float) -> bool:
         """Waits until the high watermark reaches ``offset``; False on timeout or deletion."""
-        with trio.move_on_at(deadline):
-            while self.high_watermark < offset and not self.deleted:
-                await self._hw_moved.wait()
-        return self.high_watermark >= offset and not self.deleted
+        return await self.wait_until(
+            lambda: self.deleted or self.high_watermark >= offset, deadline
+        ) and not self.deleted
+
+    async def wait_flushed(self, offset: int, deadline: float) -> bool:
+        """Waits until ``offset`` is fsynced; False on timeout or deletion."""
+        return await self.wait_until(
+            lambda: self.deleted or self.log.flushed_offset >= offset, deadline
+        ) and not self.deleted
 
 
 class PartitionManager:
@@ -112,7 +222,10 @@ class PartitionManager:
         self.partitions: dict[tuple[str, int], Partition] = {}
         self._dirty: set[Partition] = set()
         self._flush_wanted = trio.Event()
-        self._data_arrived = trio.Event()
+        self._data_arrived = trio.Event()  # some high watermark moved (consumer long polls)
+        self._appended = trio.Event()  # some log end moved (follower long polls)
+        # Whether a follower counts for the HW while joining: set by the ReplicaManager.
+        self.is_replica_eligible: Callable[[int], bool] = lambda node_id: True
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
 
     def get(self, topic: str, index: int) -> Partition | None:
@@ -129,8 +242,13 @@ class PartitionManager:
             return existing
         directory = self.data_dir / f"{topic}-{index}"
         partition_log = PartitionLog.open(directory, log_config_for(configs), now_ms())
-        partition = Partition(topic, index, partition_log, leader_epoch)
-        # On open everything recovered is already on disk: visible and durable.
+        partition = Partition(topic, index, partition_log, leader_epoch,
+                              leader_id=self.node_id, replicas=(self.node_id,),
+                              isr=(self.node_id,))
+        _apply_replication_configs(partition, configs)
+        partition.load_producers()
+        # On open everything recovered is already on disk: visible and durable. (A replicated
+        # partition's HW is reset by the ReplicaManager from its checkpoint.)
         partition.high_watermark = partition_log.log_end_offset
         self.partitions[(topic, index)] = partition
         log.info("partition %s-%d open at offsets [%d, %d)", topic, index,
@@ -142,7 +260,10 @@ class PartitionManager:
         if partition is None:
             return
         partition.deleted = True
-        partition._hw_moved.set()
+        partition.is_leader = False
+        partition.leadership_generation += 1
+        partition.notify_changed()
+        self._wake_fetches()
         self._dirty.discard(partition)
         partition.log.close()
         directory = self.data_dir / f"{topic}-{index}"
@@ -156,6 +277,7 @@ class PartitionManager:
         for (name, _), partition in self.partitions.items():
             if name == topic:
                 partition.log.config = log_config_for(configs)
+                _apply_replication_configs(partition, configs)
 
     def purge_leftover_deletions(self) -> None:
         for doomed in self.data_dir.glob("*-delete"):
@@ -163,28 +285,60 @@ class PartitionManager:
 
     def close(self) -> None:
         for partition in self.partitions.values():
+            _write_producer_snapshot(partition)
             partition.log.close()
         self.partitions.clear()
 
     # -- appends and group commit -----------------------------------------------------------
 
     def note_append(self, partition: Partition) -> None:
-        """Called after every append: schedules the fsync or, if relaxed, exposes at once."""
+        """Called after every append (leader or follower): schedules the fsync or, if relaxed,
+        lets a leader expose the data at once; wakes follower long polls."""
         if partition.durable_acks or partition.log.needs_flush(now_ms()):
             self._dirty.add(partition)
             self._flush_wanted.set()
+        self._appended.set()
+        self._appended = trio.Event()
         if not partition.durable_acks:
-            self._expose(partition, partition.log.log_end_offset)
+            self.update_high_watermark(partition)
 
-    def _expose(self, partition: Partition, offset: int) -> None:
-        if partition.advance_high_watermark(offset):
-            self._data_arrived.set()
-            self._data_arrived = trio.Event()
+    def update_high_watermark(self, partition: Partition) -> bool:
+        """Recompute a leader's HW after its own, a follower's or the ISR's progress."""
+        if not partition.is_leader or partition.deleted:
+            return False
+        candidate = partition.leader_high_watermark_candidate(
+            now_ms(), self.is_replica_eligible)
+        if partition.advance_high_watermark(min(candidate, partition.log.log_end_offset)):
+            self._wake_fetches()
+            return True
+        return False
+
+    def set_follower_high_watermark(self, partition: Partition, leader_high_watermark: int
+                                    ) -> None:
+        """A follower's HW: the leader's, capped at its own log end."""
+        partition.advance_high_watermark(
+            min(leader_high_watermark, partition.log.log_end_offset))
+
+    def _wake_fetches(self) -> None:
+        self._data_arrived.set()
+        self._data_arrived = trio.Event()
+        self._appended.set()
+        self._appended = trio.Event()
 
     async def wait_for_data(self, deadline: float) -> None:
         """Waits until any local high watermark moves, or the deadline."""
         with trio.move_on_at(deadline):
             await self._data_arrived.wait()
+
+    async def wait_for_append(self, deadline: float) -> None:
+        """Waits until any local log end or high watermark moves, or the deadline."""
+        with trio.move_on_at(deadline):
+            await self._appended.wait()
+
+    def note_role_change(self, partition: Partition) -> None:
+        """Wake everything that waits on this partition or on any partition."""
+        partition.notify_changed()
+        self._wake_fetches()
 
     async def run_flusher(self) -> None:
         """Group commit: one fsync round covers every append made since the last one."""
@@ -213,13 +367,27 @@ class PartitionManager:
             if ticket is None or partition.deleted:
                 continue
             partition.log.complete_flush(ticket)
+            partition.notify_changed()  # acks=1 producers and followers wait for this
             if partition.durable_acks:
-                self._expose(partition, partition.log.flushed_offset)
+                self.update_high_watermark(partition)
 
     async def run_retention(self) -> None:
         while True:
             await trio.sleep(RETENTION_CHECK_INTERVAL_S)
             self.enforce_retention()
+            await self.snapshot_producers()
+
+    async def snapshot_producers(self) -> None:
+        """Snapshot producer state so a restart replays only the log written since, and
+        forget producers idle longer than producer.id.expiration.ms."""
+        now = now_ms()
+        for partition in list(self.partitions.values()):
+            partition.producers.expire(now)
+            snapshot = partition.producer_snapshot()
+            if snapshot is None:
+                continue
+            directory = partition.log.directory
+            await trio.to_thread.run_sync(_store_snapshot, directory, *snapshot)
 
     def enforce_retention(self) -> int:
         deleted = 0
@@ -228,6 +396,30 @@ class PartitionManager:
         return deleted
 
 
+def _apply_replication_configs(partition: Partition, configs: Mapping[str, str]) -> None:
+    partition.min_insync_replicas = int(
+        configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
+    partition.replica_lag_time_max_ms = int(
+        configs.get("replica.lag.time.max.ms", DEFAULT_REPLICA_LAG_TIME_MAX_MS))
+
+
 def _run_tickets(tickets: Iterable[object]) -> None:
     for ticket in tickets:
         ticket.run()  # type: ignore[attr-defined]
+
+
+def _store_snapshot(directory: Path, offset: int, data: bytes) -> None:
+    if not directory.exists():
+        return  # the partition was deleted meanwhile
+    write_snapshot_bytes(directory, offset, data)
+    prune_snapshots(directory, keep=2)
+
+
+def _write_producer_snapshot(partition: Partition) -> None:
+    snapshot = partition.producer_snapshot()
+    if snapshot is not None:
+        try:
+            _store_snapshot(partition.log.directory, *snapshot)
+        except OSError as exc:  # a restart rebuilds from the log instead
+            log.warning("partition %s-%d: producer snapshot failed: %s", partition.topic,
+                        partition.index, exc)

@@ -217,7 +217,8 @@ def test_leftover_files_are_removed(tmp_path: Path) -> None:
     orphan = fixture.path(999, ".timeindex")
     orphan.write_bytes(b"")
     log = fixture.open()
-    assert sorted(p.name for p in fixture.directory.iterdir()) == [f"{0:020d}.log"]
+    names = sorted(p.name for p in fixture.directory.iterdir())
+    assert names == [f"{0:020d}.log", "leader-epoch-checkpoint"]
     log.close()
 
 
