@@ -5,22 +5,28 @@
     raftlog produce TOPIC [--key-separator SEP]        (lines from stdin)
     raftlog consume TOPIC [--from-beginning] [--max-messages N]
     raftlog demo                                       (start a node, produce, consume, stop)
+    raftlog cluster up [--nodes 3] [--data-dir DIR] [--port-base N]   (a local cluster)
+    raftlog quorum status --bootstrap-server HOST:PORT (the metadata quorum: voters, leader, lag)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
 from raftlog import tools
 from raftlog.config import ConfigError, ServerConfig, load_properties
-from raftlog.fetch.client import KafkaClientError
+from raftlog.fetch.client import KafkaClientError, connect_any
+from raftlog.fetch.schemas import METADATA
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_CLUSTER_DIR = "raftlog-cluster"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +66,21 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="start a local node and run a sample stream")
     demo.add_argument("--records", type=int, default=10_000)
+
+    cluster = commands.add_parser("cluster", help="run a local multi-node cluster")
+    cluster.add_argument("action", choices=["up"])
+    cluster.add_argument("--nodes", type=int, default=None,
+                         help="number of combined nodes (default 3; fixed at creation)")
+    cluster.add_argument("--data-dir", default=DEFAULT_CLUSTER_DIR,
+                         help=f"cluster directory (default ./{DEFAULT_CLUSTER_DIR})")
+    cluster.add_argument("--port-base", type=int, default=None,
+                         help="Kafka port of node 1 (default 9092; 0 picks free ports)")
+    cluster.add_argument("--ready-timeout", type=float, default=60.0,
+                         help="seconds to wait for the cluster to serve produce requests")
+
+    quorum = commands.add_parser("quorum", help="describe the metadata quorum")
+    quorum.add_argument("action", choices=["status"])
+    quorum.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP)
     return parser
 
 
@@ -97,7 +118,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "topics":
         configs = _key_values(args.config, "--config")
-        return trio.run(tools.topics_command, args.bootstrap_server, args.action, args.topic,
+        bootstrap = args.bootstrap_server
+        if args.action in ("create", "delete"):
+            # Only the controller creates and deletes topics; others answer NOT_CONTROLLER.
+            bootstrap = trio.run(_controller_bootstrap, bootstrap)
+        return trio.run(tools.topics_command, bootstrap, args.action, args.topic,
                         args.partitions, args.replication_factor, configs)
     if args.command == "produce":
         return trio.run(tools.console_produce, args.bootstrap_server, args.topic,
@@ -106,8 +131,35 @@ def _run(args: argparse.Namespace) -> int:
         return trio.run(tools.console_consume, args.bootstrap_server, args.topic,
                         args.from_beginning, args.max_messages, args.timeout_ms,
                         args.print_key, args.print_offset)
+    if args.command == "cluster":
+        from raftlog.cluster import ClusterError, cluster_up
+
+        try:
+            return trio.run(functools.partial(
+                cluster_up, Path(args.data_dir), args.nodes, args.port_base,
+                log_level=args.log_level.upper(), ready_timeout_s=args.ready_timeout))
+        except ClusterError as exc:
+            print(f"raftlog cluster: {exc}", file=sys.stderr)
+            return 2
+    if args.command == "quorum":
+        from raftlog.cluster import quorum_status
+
+        return trio.run(quorum_status, args.bootstrap_server)
     if args.command == "demo":
         from raftlog.demo import run_demo
 
         return run_demo(args.records)
     raise AssertionError(args.command)
+
+
+async def _controller_bootstrap(bootstrap: str) -> str:
+    """The controller's address per Metadata's ``controller_id`` (else ``bootstrap``)."""
+    connection = await connect_any(bootstrap)
+    try:
+        response = await connection.request(METADATA, {"topics": []})
+    finally:
+        await connection.aclose()
+    for broker in response.brokers:
+        if broker.node_id == response.controller_id:
+            return f"{broker.host}:{broker.port}"
+    return bootstrap

@@ -404,6 +404,15 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "raft.secret": None,
     "raft.secret.file": None,
     "cluster.id": None,
+    "broker.session.timeout.ms": "9000",
+    "broker.heartbeat.interval.ms": "2000",
+    "replica.lag.time.max.ms": "30000",
+    "unclean.leader.election.enable": "false",
+    "auto.leader.rebalance.enable": "true",
+    # Why 5 s and not Kafka's 300: a laptop cluster whose broker restarted should get its
+    # preferred leaderships back while someone is still watching.
+    "leader.imbalance.check.interval.seconds": "5",
+    "controlled.shutdown.enable": "true",
 }
 
 # Kafka properties that are valid but mean nothing here (thread pools, socket buffers, internal
@@ -463,6 +472,13 @@ class ServerConfig:
     group_initial_rebalance_delay_ms: int
     cluster_id: str | None
     raft_secret: str | None = field(default=None, repr=False)
+    broker_session_timeout_ms: int = 9000
+    broker_heartbeat_interval_ms: int = 2000
+    replica_lag_time_max_ms: int = 30000
+    unclean_leader_election_enable: bool = False
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 5
+    controlled_shutdown_enable: bool = True
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -610,7 +626,28 @@ def _build(props: _Properties) -> ServerConfig:
         group_initial_rebalance_delay_ms=props.integer("group.initial.rebalance.delay.ms", 0),
         cluster_id=_parse_cluster_id(props),
         raft_secret=_parse_raft_secret(props),
+        broker_session_timeout_ms=props.integer("broker.session.timeout.ms", 1, INT_MAX),
+        broker_heartbeat_interval_ms=_parse_heartbeat_interval(props),
+        replica_lag_time_max_ms=props.integer("replica.lag.time.max.ms", 1, LONG_MAX),
+        unclean_leader_election_enable=props.boolean("unclean.leader.election.enable"),
+        auto_leader_rebalance_enable=props.boolean("auto.leader.rebalance.enable"),
+        leader_imbalance_check_interval_seconds=props.integer(
+            "leader.imbalance.check.interval.seconds", 1, INT_MAX // 1000
+        ),
+        controlled_shutdown_enable=props.boolean("controlled.shutdown.enable"),
     )
+
+
+def _parse_heartbeat_interval(props: _Properties) -> int:
+    session_ms = props.integer("broker.session.timeout.ms", 1, INT_MAX)
+    heartbeat_ms = props.integer("broker.heartbeat.interval.ms", 1, INT_MAX)
+    if heartbeat_ms >= session_ms:
+        # A broker that heartbeats less often than its session lasts is fenced between beats.
+        raise ConfigError(
+            "broker.heartbeat.interval.ms",
+            f"{heartbeat_ms} must be below broker.session.timeout.ms ({session_ms})",
+        )
+    return heartbeat_ms
 
 
 def _parse_roles(props: _Properties) -> tuple[str, ...]:

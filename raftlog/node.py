@@ -1,28 +1,69 @@
-"""A raftlog node: one trio nursery owning the quorum, the partitions and the Kafka listener.
+"""A raftlog node: one trio nursery owning the quorum, the controller, the partitions and the
+Kafka listener.
 
 Start-up order matters: the metadata quorum replays its log first (so topics are known), the
 partitions this node hosts are opened and recovered from that image, and only then does the
-Kafka listener accept clients. SIGINT/SIGTERM cancel the nursery; logs are closed cleanly.
+Kafka listener accept clients. Then the controller service (it acts only while this node is
+the ready controller), the broker lifecycle (registration and heartbeats), the replica manager
+(follower fetchers, ISR changes) and the producer-id manager start.
+
+The quorum is a ``LocalQuorum`` when ``controller.quorum.voters`` names only this node (a
+single combined node: its log is committed by one fsync and it registers and unfences itself
+when it opens), else a ``RaftQuorum``. Both are driven through the same ``Quorum`` protocol.
+
+Shutdown (SIGINT/SIGTERM) is a *controlled shutdown* when another broker can take over: the
+broker heartbeats ``want_shut_down`` until the controller has moved its leaderships away and
+fenced it (bounded by ``CONTROLLED_SHUTDOWN_TIMEOUT_S``); then the nursery is cancelled and logs
+are closed. A second signal skips the wait.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import resource
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Final
 
 import trio
 
+from raftlog.broker_lifecycle import (
+    CONTROLLED_SHUTDOWN_TIMEOUT_S,
+    BrokerLifecycle,
+    ControllerChannel,
+)
 from raftlog.config import ServerConfig
 from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.server import ListenerLimits, serve_listener
-from raftlog.metadata.quorum import LocalNode, LocalQuorum, QuorumTimeoutError
+from raftlog.fetch.controller_apis import ControllerApis
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import API_VERSIONS
+from raftlog.fetch.server import (
+    Handler,
+    HandlerResult,
+    ListenerLimits,
+    RequestContext,
+    api_versions_body,
+    serve_listener,
+)
+from raftlog.metadata.controller_service import ControllerService, settings_from_config
+from raftlog.metadata.quorum import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
 from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.manager import PartitionManager
+from raftlog.partition.replication import ReplicaManager, ReplicationSettings
+from raftlog.txn.apis import ProducerApis
+from raftlog.txn.producer_ids import ProducerIdManager
 
 log = logging.getLogger(__name__)
-METADATA_WATCH_TIMEOUT_S = 1.0
+METADATA_WATCH_TIMEOUT_S: Final = 1.0
+
+
+def uses_local_quorum(config: ServerConfig) -> bool:
+    """Whether ``config`` describes a single combined node (its own and only voter)."""
+    voters = config.controller_quorum_voters
+    return config.is_controller and len(voters) == 1 and voters[0].node_id == config.node_id
 
 
 class Node:
@@ -30,43 +71,123 @@ class Node:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        # Registrations are checked against the configured cluster id only: a Raft node
+        # without ``cluster.id`` makes up its own on first start (see ``RaftQuorum``).
+        self._configured = config
         self.data_dir = Path(config.log_dirs[0])
         self.manager = PartitionManager(self.data_dir, config.node_id)
         self.kafka_port: int | None = None
+        self.quorum: Quorum | None = None
+        self.controller: ControllerService | None = None
+        self.lifecycle: BrokerLifecycle | None = None
+        self.replicas: ReplicaManager | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _raise_open_file_limit()
-        host, port = self.config.listener("PLAINTEXT")
-        advertised_host, advertised_port = self.config.advertised_listener()
-        node = LocalNode(self.config.node_id, advertised_host, advertised_port)
-        async with LocalQuorum(self.config.metadata_log_dir, MetadataStateMachine(),
-                               node=node) as quorum:
-            await self._serve(quorum, host, port, task_status)
+        async with self._open_quorum() as quorum:
+            self.quorum = quorum
+            await self._serve(quorum, task_status)
 
-    async def _serve(self, quorum: LocalQuorum, host: str, port: int,
-                     task_status: trio.TaskStatus[int]) -> None:
-        apis = KafkaApis(self.config, quorum, self.manager)
+    @contextlib.asynccontextmanager
+    async def _open_quorum(self) -> AsyncIterator[Quorum]:
+        config = self.config
+        if uses_local_quorum(config):
+            advertised_host, advertised_port = config.advertised_listener()
+            node = LocalNode(config.node_id, advertised_host, advertised_port)
+            async with LocalQuorum(config.metadata_log_dir, MetadataStateMachine(),
+                                   node=node) as local:
+                yield local
+            return
+        from raftlog.metadata.raft import RaftQuorum  # pysyncobj only when clustered
+
+        async with RaftQuorum.from_config(config) as raft:
+            if raft.cluster_id is not None and raft.cluster_id != config.cluster_id:
+                # meta.properties holds the cluster id (made on first start if not configured).
+                self.config = dataclasses.replace(config, cluster_id=raft.cluster_id)
+            yield raft
+
+    async def _serve(self, quorum: Quorum, task_status: trio.TaskStatus[int]) -> None:
+        config = self.config
+        host, port = config.listener("PLAINTEXT")
+        is_broker = "broker" in config.process_roles
+        channel = ControllerChannel(config.node_id, quorum)
+        lifecycle = BrokerLifecycle(
+            self._configured, quorum, channel,
+            advertised=config.advertised_listener(),
+            incarnation_id=_local_incarnation(quorum, config.node_id),
+        )  # fmt: skip
+        replicas = ReplicaManager(
+            self.manager,
+            settings=ReplicationSettings(replica_lag_time_max_ms=config.replica_lag_time_max_ms),
+            alter_isr=lifecycle.alter_isr,
+        )
+        apis = KafkaApis(config, quorum, self.manager, replicas)
+        controller = ControllerService(quorum, settings_from_config(self._configured))
+        controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
+        producer_ids = ProducerIdManager(lifecycle.allocate_block)
+        handlers = _merge_handlers(
+            apis.handlers(), ProducerApis(producer_ids).handlers(), controller_apis.handlers()
+        )
+        channel.set_local_handlers(controller_apis.handlers())
+        self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()
         limits = ListenerLimits(
-            request_bytes_max=self.config.socket_request_max_bytes,
-            idle_ms_max=self.config.connections_max_idle_ms,
+            request_bytes_max=config.socket_request_max_bytes,
+            idle_ms_max=config.connections_max_idle_ms,
         )
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.manager.run_flusher)
                 nursery.start_soon(self.manager.run_retention)
+                await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 self.kafka_port = await nursery.start(
-                    serve_listener, host, port, apis.handlers(), limits
+                    serve_listener, host, port, handlers, limits
                 )
-                log.info("node %d ready: Kafka on %s:%d", self.config.node_id, host,
-                         self.kafka_port)
+                if config.is_controller:
+                    await nursery.start(controller.run)
+                if is_broker:
+                    await nursery.start(lifecycle.run)
+                    await nursery.start(producer_ids.run)
+                log.info("node %d ready: Kafka on %s:%d (%s quorum)", config.node_id, host,
+                         self.kafka_port, type(quorum).__name__)
                 task_status.started(self.kafka_port)
         finally:
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
             self.manager.close()
-            log.info("node %d stopped", self.config.node_id)
+            log.info("node %d stopped", config.node_id)
+
+    async def controlled_shutdown(self, timeout_s: float = CONTROLLED_SHUTDOWN_TIMEOUT_S) -> None:
+        """Move this broker's leaderships away before stopping (no-op when nobody can take
+        them, e.g. a single node). Bounded by ``timeout_s``."""
+        lifecycle = self.lifecycle
+        if lifecycle is not None:
+            await lifecycle.controlled_shutdown(timeout_s)
+
+
+def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:
+    """A ``LocalQuorum`` registered this node when it opened: adopt that incarnation, so the
+    lifecycle's registration is a no-op instead of a re-registration that fences the node."""
+    if not isinstance(quorum, LocalQuorum):
+        return None
+    broker = quorum.image.brokers.get(node_id)
+    return None if broker is None else broker.incarnation_id
+
+
+def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:
+    """One handler table (later tables win) whose ApiVersions advertises all of it."""
+    merged: dict[int, Handler] = {}
+    for table in tables:
+        merged.update(table)
+
+    def api_versions(request: RequestContext) -> HandlerResult:
+        return api_versions_body(ErrorCode.NONE, merged)
+
+    merged[API_VERSIONS.key] = api_versions
+    return merged
 
 
 def _raise_open_file_limit() -> None:
@@ -77,8 +198,8 @@ def _raise_open_file_limit() -> None:
         log.info("open-file limit raised from %d to %d", soft, hard)
 
 
-async def _follow_metadata(quorum: LocalQuorum, apis: KafkaApis) -> None:
-    """Keeps local partitions in step with metadata committed by anyone."""
+async def _follow_metadata(quorum: Quorum, apis: KafkaApis) -> None:
+    """Keeps local partitions (and their leader/follower roles) in step with the metadata."""
     version = quorum.image.version
     while True:
         try:
@@ -90,12 +211,25 @@ async def _follow_metadata(quorum: LocalQuorum, apis: KafkaApis) -> None:
 
 
 async def run_until_signalled(config: ServerConfig) -> None:
-    """Runs a node until SIGINT or SIGTERM, then shuts it down cleanly."""
+    """Runs a node until SIGINT or SIGTERM, then shuts it down (controlled, then cancelled)."""
     node = Node(config)
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             nursery.start_soon(node.run)
+            stopping = False
             async for signum in signals:
+                if stopping:
+                    log.info("received %s again: stopping now", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+                stopping = True
                 log.info("received %s: shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+                nursery.start_soon(_stop, node, nursery.cancel_scope)
+
+
+async def _stop(node: Node, scope: trio.CancelScope) -> None:
+    try:
+        with trio.move_on_after(CONTROLLED_SHUTDOWN_TIMEOUT_S + 1):
+            await node.controlled_shutdown()
+    finally:
+        scope.cancel()
