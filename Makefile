@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 apt-test:
