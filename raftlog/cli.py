@@ -7,6 +7,8 @@
     raftlog demo                                       (start a node, produce, consume, stop)
     raftlog cluster up [--nodes 3] [--data-dir DIR] [--port-base N]   (a local cluster)
     raftlog quorum status --bootstrap-server HOST:PORT (the metadata quorum: voters, leader, lag)
+    raftlog groups list|describe|delete|reset-offsets --bootstrap-server HOST:PORT [--group G]
+    raftlog transactions list|describe|abort --bootstrap-server HOST:PORT [--transactional-id ID]
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     quorum = commands.add_parser("quorum", help="describe the metadata quorum")
     quorum.add_argument("action", choices=["status"])
     quorum.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP)
+
+    from raftlog.group import cli as group_cli
+
+    group_cli.add_parser(commands)
+    from raftlog.txn import cli as txn_cli
+
+    txn_cli.add_parser(commands)
     return parser
 
 
@@ -145,6 +154,14 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.cluster import quorum_status
 
         return trio.run(quorum_status, args.bootstrap_server)
+    if args.command == "groups":
+        from raftlog.group import cli as group_cli
+
+        return group_cli.run(args)
+    if args.command == "transactions":
+        from raftlog.txn import cli as txn_cli
+
+        return txn_cli.run(args)
     if args.command == "demo":
         from raftlog.demo import run_demo
 

@@ -48,6 +48,8 @@ from raftlog.fetch.server import (
     api_versions_body,
     serve_listener,
 )
+from raftlog.group import GroupInstall
+from raftlog.group import install as install_groups
 from raftlog.metadata.controller_service import ControllerService, settings_from_config
 from raftlog.metadata.quorum import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
 from raftlog.metadata.state import MetadataStateMachine
@@ -55,6 +57,7 @@ from raftlog.partition.manager import PartitionManager
 from raftlog.partition.replication import ReplicaManager, ReplicationSettings
 from raftlog.txn.apis import ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager
+from raftlog.txn.txn_apis import install as install_transactions
 
 log = logging.getLogger(__name__)
 METADATA_WATCH_TIMEOUT_S: Final = 1.0
@@ -81,6 +84,7 @@ class Node:
         self.controller: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.replicas: ReplicaManager | None = None
+        self.groups: GroupInstall | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -121,14 +125,28 @@ class Node:
             self.manager,
             settings=ReplicationSettings(replica_lag_time_max_ms=config.replica_lag_time_max_ms),
             alter_isr=lifecycle.alter_isr,
+            # Lead nothing until this incarnation is registered and unfenced: the image
+            # replayed at start-up is stale (see ReplicaManager._may_lead).
+            incarnation_id=lifecycle.incarnation_id,
         )
         apis = KafkaApis(config, quorum, self.manager, replicas)
         controller = ControllerService(quorum, settings_from_config(self._configured))
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
         producer_ids = ProducerIdManager(lifecycle.allocate_block)
+        # --- consumer groups (raftlog.group): group APIs + FindCoordinator ---
+        groups = install_groups(config, quorum, self.manager, apis, forward=channel.call)
+        self.groups = groups
+        producer_apis = ProducerApis(producer_ids)
         handlers = _merge_handlers(
-            apis.handlers(), ProducerApis(producer_ids).handlers(), controller_apis.handlers()
+            apis.handlers(), producer_apis.handlers(), controller_apis.handlers(),
+            groups.handlers,
         )
+        # --- transactions (raftlog.txn): coordinator, txn handlers, produce verification ---
+        txn_service = install_transactions(
+            config.node_id, quorum, self.manager, apis, producer_apis, producer_ids, channel,
+            handlers, set_transaction_lookup=groups.coordinators.set_transaction_lookup,
+            pending_offsets=groups.service.txn_offsets)
+        # --- end transactions ---
         channel.set_local_handlers(controller_apis.handlers())
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
         self.manager.purge_leftover_deletions()
@@ -151,6 +169,9 @@ class Node:
                 if is_broker:
                     await nursery.start(lifecycle.run)
                     await nursery.start(producer_ids.run)
+                    await nursery.start(txn_service.run)  # transactions (raftlog.txn)
+                    for task in groups.tasks:  # consumer groups (raftlog.group)
+                        await nursery.start(task)
                 log.info("node %d ready: Kafka on %s:%d (%s quorum)", config.node_id, host,
                          self.kafka_port, type(quorum).__name__)
                 task_status.started(self.kafka_port)

@@ -45,13 +45,17 @@ from raftlog.metadata.image import NO_LEADER, MetadataImage
 from raftlog.metadata.placement import PlacementError, assign_replicas
 from raftlog.metadata.quorum import Quorum, QuorumError
 from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
-from raftlog.partition.batch import validate_batches
+from raftlog.partition.batch import BatchHeader, validate_batches
+from raftlog.partition.cleaner import has_record_without_key, is_compacted
 from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
+from raftlog.partition.log import KafkaStorageError, describe_os_error
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 from raftlog.partition.replication import ReplicaManager
 from raftlog.txn.producer_state import BatchMetadata
 
 log = logging.getLogger(__name__)
+
+TxnVerifier = Callable[[str, int, int, int], "tuple[int, str] | None"]
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -111,6 +115,9 @@ class KafkaApis:
         self.quorum = quorum
         self.manager = manager
         self.replicas = ReplicaManager(manager) if replicas is None else replicas
+        # Transactions (raftlog.txn.install): (topic, partition, producer id, epoch) ->
+        # None when a transactional batch may be appended, else (error code, message).
+        self.txn_verifier: TxnVerifier | None = None
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -140,11 +147,13 @@ class KafkaApis:
         if request.topics is None or (version == 0 and not request.topics):
             names = sorted(image.topics)
             return self._metadata_body(image, names)
-        names = [t.name for t in request.topics]
+        # v10+ may name a topic by id only (v12+: name null); an unknown id stays unknown.
+        names = [t.name if t.name is not None else _topic_name_for_id(image, t.topic_id)
+                 for t in request.topics]
         allow_create = self.config.auto_create_topics_enable and (
             version < 4 or request.allow_auto_topic_creation
         )
-        missing = [n for n in names if n not in image.topics]
+        missing = [n for n in names if n not in image.topics and not _is_id_name(n)]
         if not (allow_create and missing):
             return self._metadata_body(image, names)
 
@@ -176,6 +185,9 @@ class KafkaApis:
         }
 
     def _topic_metadata(self, image: MetadataImage, name: str) -> Body:
+        if _is_id_name(name):
+            return {"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "name": None,
+                    "topic_id": uuid.UUID(name.removeprefix(_ID_NAME_PREFIX)), "partitions": []}
         topic = image.topics.get(name)
         if topic is None:
             return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name,
@@ -192,7 +204,8 @@ class KafkaApis:
             }
             for p in topic.partitions
         ]
-        return {"error_code": 0, "name": name, "is_internal": False, "partitions": partitions}
+        return {"error_code": 0, "name": name, "topic_id": uuid.UUID(bytes=topic.topic_id),
+                "is_internal": False, "partitions": partitions}
 
     def find_coordinator(self, ctx: RequestContext) -> HandlerResult:
         # Group and transaction coordinators are later milestones. The API is advertised now
@@ -270,10 +283,17 @@ class KafkaApis:
                 # The walk reads unvalidated headers, so a corrupt batch (a lying batchLength,
                 # an old magic) can look transactional: report the corruption first, as append
                 # would. Only this rare path pays for the extra CRC pass.
-                validate_batches(records)
-                # No transaction coordinator has added this partition to a transaction.
-                return _record_error(result, ErrorCode.INVALID_TXN_STATE,
-                                     "transactional batch outside a transaction"), None
+                txn_headers = validate_batches(records)
+                refused = _check_transactional(self.txn_verifier, topic, index, txn_headers)
+                if refused is not None:  # KIP-890 part 1: only partitions added to the txn
+                    return _record_error(result, ErrorCode(refused[0]), refused[1]), None
+            # --- compaction (raftlog.partition.cleaner): a compacted topic refuses records
+            # without a key, as Kafka's LogValidator does. Only compacted topics pay for
+            # reading (and, if compressed, decompressing) the records.
+            if self._is_compacted(topic) and validate_batches(records) and \
+                    has_record_without_key(records):
+                return _record_error(result, ErrorCode.INVALID_RECORD,
+                                     "Compacted topic cannot accept message without key"), None
             if acks == -1 and partition.isr_size < partition.min_insync_replicas:
                 # Checked before appending, as Kafka does: nothing is written.
                 result["error_code"] = ErrorCode.NOT_ENOUGH_REPLICAS
@@ -292,9 +312,18 @@ class KafkaApis:
                     return self._duplicate(partition, check.duplicate, acks, result)
             info = partition.log.append(records, leader_epoch=partition.leader_epoch,
                                         now_ms=now_ms())
+        except KafkaStorageError as exc:
+            # The log logged the failure (once, as an ERROR) and is intact; the producer
+            # gets a retriable error instead of a closed connection.
+            log.debug("rejected produce to %s-%d: %s", topic, index, exc)
+            return _record_error(result, ErrorCode.KAFKA_STORAGE_ERROR, str(exc)), None
         except PartitionLogError as exc:
             log.info("rejected produce to %s-%d: %s", topic, index, exc)
             return _record_error(result, ErrorCode(exc.error_code), str(exc)), None
+        except OSError as exc:  # the disk, anywhere else on the way: never the connection
+            log.error("produce to %s-%d failed: %s", topic, index, describe_os_error(exc))
+            return _record_error(result, ErrorCode.KAFKA_STORAGE_ERROR,
+                                 describe_os_error(exc)), None
         if idempotent:
             # Committed only after the append succeeded (validated on the side before).
             partition.producers.commit_appends(headers, info.base_offset, now_ms(),
@@ -305,6 +334,12 @@ class KafkaApis:
         result["log_start_offset"] = partition.log.log_start_offset
         return result, _AckWait(partition, info.last_offset + 1, acks, result,
                                 partition.leadership_generation)
+
+    def _is_compacted(self, topic: str) -> bool:
+        """cleanup.policy of ``topic`` (its override, else the broker default) compacts."""
+        known = self.quorum.image.topics.get(topic)
+        policy = known.configs.get("cleanup.policy") if known is not None else None
+        return is_compacted(policy or self.config.log_cleanup_policy)
 
     def _duplicate(self, partition: Partition, duplicate: BatchMetadata, acks: int,
                    result: Body) -> tuple[Body, _AckWait | None]:
@@ -378,7 +413,10 @@ class KafkaApis:
     ) -> tuple[Body, int]:
         result: Body = {"partition_index": request.partition, "error_code": 0,
                         "high_watermark": -1, "last_stable_offset": -1,
-                        "log_start_offset": -1, "records": None,
+                        # Empty, never null, even with an error: librdkafka fails to parse
+                        # the whole response on a null (-1) record set, so it never sees the
+                        # error (OFFSET_OUT_OF_RANGE, NOT_LEADER...) and refetches forever.
+                        "log_start_offset": -1, "records": b"",
                         "aborted_transactions": [] if plan.isolation_level else None}
         partition = self.manager.get(topic, request.partition)
         if partition is None:
@@ -419,7 +457,18 @@ class KafkaApis:
         except OffsetOutOfRangeError:
             result["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
             return result, 0
+        except OSError as exc:  # EIO, EMFILE: this partition fails, not the connection
+            log.warning("fetch from %s-%d at %d failed: %s", topic, request.partition, offset,
+                        describe_os_error(exc))
+            result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
+            return result, 0
         result["records"] = read.slices
+        if plan.isolation_level == READ_COMMITTED and not plan.from_follower:
+            # Transactions: the aborted ones overlapping what is returned, so the consumer
+            # drops their batches (KIP-98; upper bound: the LSO, a harmless superset).
+            result["aborted_transactions"] = [
+                {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+                for txn in partition.txns.aborted_between(offset, max_offset)]
         return result, sum(s.size_bytes for s in read.slices)
 
     # -- ListOffsets ---------------------------------------------------------------------------
@@ -698,6 +747,18 @@ class KafkaApis:
         self.replicas.apply_image(self.quorum.image, self.config.topic_defaults())
 
 
+_ID_NAME_PREFIX = "\0id:"  # never a valid topic name
+
+
+def _topic_name_for_id(image: MetadataImage, topic_id: uuid.UUID) -> str:
+    topic = image.topic_by_id(topic_id.bytes)
+    return topic.name if topic is not None else _ID_NAME_PREFIX + str(topic_id)
+
+
+def _is_id_name(name: str) -> bool:
+    return name.startswith(_ID_NAME_PREFIX)
+
+
 def _broker_properties(config: ServerConfig) -> dict[str, str]:
     """The broker's effective static settings under Kafka's property names."""
     out = {}
@@ -715,6 +776,20 @@ def _check_leader_epoch(requested: int, current: int) -> int:
     if requested < 0 or requested == current:
         return 0
     return ErrorCode.FENCED_LEADER_EPOCH if requested < current else ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def _check_transactional(verifier: TxnVerifier | None, topic: str, index: int,
+                         headers: list[BatchHeader]) -> tuple[int, str] | None:
+    """A produce carrying transactional batches: one producer, no control batches (the
+    validation refused those), and the transaction coordinator must know this partition
+    is in the producer's ongoing transaction."""
+    if verifier is None:
+        return ErrorCode.INVALID_TXN_STATE, "transactional batch outside a transaction"
+    first = headers[0]
+    if first.producer_id < 0 or any(not h.is_transactional or h.producer_id != first.producer_id
+                                    for h in headers):
+        return ErrorCode.INVALID_RECORD, "transactional batches need one producer id"
+    return verifier(topic, index, first.producer_id, first.producer_epoch)
 
 
 def _has_transactional_batch(records: memoryview) -> bool:
@@ -797,14 +872,20 @@ class _AckWait:
             return partition.high_watermark >= self.target
         return not partition.durable_acks or partition.log.flushed_offset >= self.target
 
+    def storage_failed(self) -> bool:
+        """The log went offline (a failed fsync): the data may never become durable."""
+        return self.partition.log.offline_reason is not None
+
     def settled(self) -> bool:
-        return self.lost_leadership() or self.satisfied()
+        return self.lost_leadership() or self.satisfied() or self.storage_failed()
 
     def error_code(self) -> int:
         partition = self.partition
         if self.lost_leadership():
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if not self.satisfied():
+            if self.storage_failed():
+                return ErrorCode.KAFKA_STORAGE_ERROR
             return ErrorCode.REQUEST_TIMED_OUT
         if self.acks == -1 and partition.isr_size < partition.min_insync_replicas:
             # Kafka: the records are in, but the ISR shrank below the minimum meanwhile.

@@ -59,10 +59,11 @@ METADATA = Api(
     key=3,
     name="Metadata",
     min_version=0,
-    max_version=8,
+    max_version=12,
     flexible="9+",
     request=[
-        F("topics", [F("name", "string")], nullable="1+"),
+        F("topics", [F("topic_id", "uuid", "10+"), F("name", "string", nullable="10+")],
+          nullable="1+"),
         F("allow_auto_topic_creation", "bool", "4+", default=True),
         F("include_cluster_authorized_operations", "bool", "8-10"),
         F("include_topic_authorized_operations", "bool", "8+"),
@@ -84,7 +85,8 @@ METADATA = Api(
             "topics",
             [
                 F("error_code", "int16"),
-                F("name", "string"),
+                F("name", "string", nullable="12+"),
+                F("topic_id", "uuid", "10+"),
                 F("is_internal", "bool", "1+", default=False),
                 F(
                     "partitions",

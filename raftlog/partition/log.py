@@ -19,10 +19,12 @@ LEO, redpanda's dirty offset + 1). The high watermark is the caller's business: 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +43,7 @@ from raftlog.partition.epoch_cache import (
 )
 from raftlog.partition.errors import (
     OffsetOutOfRangeError,
+    PartitionLogError,
     RecordTooLargeError,
     UnexpectedOffsetError,
 )
@@ -61,9 +64,11 @@ __all__ = [
     "AppendInfo",
     "FileSlice",
     "FlushTicket",
+    "KafkaStorageError",
     "LogConfig",
     "LogRead",
     "PartitionLog",
+    "describe_os_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -114,6 +119,19 @@ class LogConfig:
 def _require(condition: bool, name: str) -> None:
     if not condition:
         raise ValueError(f"invalid LogConfig.{name}")
+
+
+class KafkaStorageError(PartitionLogError):
+    """The disk refused a write (ENOSPC, EDQUOT, EFBIG, EIO...) or the log is offline after
+    an earlier failure. Nothing of the refused append is in the log."""
+
+    error_code = 56  # KAFKA_STORAGE_ERROR
+
+
+def describe_os_error(error: OSError) -> str:
+    """``[Errno 28] No space left on device (ENOSPC)``: the message and the errno's name."""
+    name = errno.errorcode.get(error.errno, "?") if error.errno is not None else "?"
+    return f"{error} ({name})"
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -235,6 +253,14 @@ class PartitionLog:
         self._directory_version = 1  # bumped when files are created, renamed or deleted
         self._directory_synced_version = 0
         self._closed = False
+        # Why the log is offline (no appends, no fsyncs until a restart recovers it), or None.
+        self._offline_reason: str | None = None
+        # The error of the append that failed last, while appends keep failing (a full disk).
+        self._write_failure: str | None = None
+        # Transactions: called with (bytes, stored headers, segment base offset) after every
+        # successful write, leader or follower (``Partition`` feeds its ``TxnIndex``).
+        self.append_listener: Callable[[bytes | bytearray, Sequence[BatchHeader], int],
+                                       None] | None = None
 
     # --- open ------------------------------------------------------------------------------
 
@@ -335,18 +361,19 @@ class PartitionLog:
         """Validate client batches, assign offsets and write them (not fsynced: see flush).
 
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError and then writes
-        nothing.
+        nothing; KafkaStorageError when the disk refuses the write (the log is left ending
+        with its last whole batch, see ``_roll_and_write``) or the log is offline.
         """
         assert not self._closed
         headers = validate_batches(records, allow_control=allow_control)
         self._check_batch_sizes(headers)
+        self._check_writable()
         buf = bytearray(records)
         base_offset = self.log_end_offset
         append_time_ms = now_ms if self.config.message_timestamp_type == LOG_APPEND_TIME else None
         next_offset = assign_offsets(buf, headers, base_offset, leader_epoch, append_time_ms)
-        self._maybe_roll(len(buf), next_offset - 1, now_ms)
         written = _reparse_headers(buf, headers, base_offset)
-        self._write_batches(buf, written, now_ms)
+        self._roll_and_write(buf, written, next_offset - 1, now_ms)
         assert self.log_end_offset == next_offset, "every assigned offset must be in the log"
         return AppendInfo(
             base_offset=base_offset,
@@ -364,11 +391,13 @@ class PartitionLog:
         partitionLeaderEpoch and timestamps are kept, control batches are allowed.
 
         Checks every header and CRC, that the first batch starts at ``log_end_offset`` and
-        that the batches are contiguous. Raises CorruptRecordError, InvalidRecordError or
-        UnexpectedOffsetError and then writes nothing. Not fsynced: see flush.
+        that the batches are contiguous. Raises CorruptRecordError, InvalidRecordError,
+        UnexpectedOffsetError or KafkaStorageError and then writes nothing. Not fsynced: see
+        flush.
         """
         assert not self._closed
         headers = validate_batches(records, allow_control=True)
+        self._check_writable()
         expected_offset = self.log_end_offset
         for header in headers:
             if header.base_offset != expected_offset:
@@ -378,8 +407,7 @@ class PartitionLog:
                 )
             expected_offset = header.next_offset
         base_offset = self.log_end_offset
-        self._maybe_roll(len(records), expected_offset - 1, now_ms)
-        self._write_batches(bytes(records), headers, now_ms)
+        self._roll_and_write(bytes(records), headers, expected_offset - 1, now_ms)
         assert self.log_end_offset == expected_offset
         return AppendInfo(
             base_offset=base_offset,
@@ -390,22 +418,103 @@ class PartitionLog:
             size_bytes=len(records),
         )
 
+    def _roll_and_write(
+        self, buf: bytes | bytearray, headers: Sequence[BatchHeader], last_offset: int,
+        now_ms: int,
+    ) -> None:
+        """Roll if needed, then write. An OSError from the disk (ENOSPC, EDQUOT, EFBIG, EIO)
+        in the segment write, a roll's index writes or the epoch checkpoint leaves the log as
+        it was and becomes a KafkaStorageError: logged once as an ERROR while writes keep
+        failing. If the log could not be restored (a partial write that could not be cut
+        off), it goes offline."""
+        try:
+            self._maybe_roll(len(buf), last_offset, now_ms)
+            self._write_batches(buf, headers, now_ms)
+        except OSError as error:
+            raise self._append_failed(error, len(buf)) from error
+        if self._write_failure is not None:
+            logger.info("partition %s: appends succeed again (the last failure was: %s)",
+                        self.name, self._write_failure)
+            self._write_failure = None
+
+    def _append_failed(self, error: OSError, size_bytes: int) -> KafkaStorageError:
+        described = describe_os_error(error)
+        torn = self._active.torn
+        if torn is not None:
+            self.mark_offline(f"append at offset {self.log_end_offset}", error, detail=torn)
+        if self._offline_reason is not None:
+            return KafkaStorageError(f"partition {self.name} is offline: {self._offline_reason}")
+        if self._write_failure is None:
+            logger.error(
+                "partition %s: cannot append %d bytes at offset %d: %s; nothing of it is in "
+                "the log, which still ends with its last whole batch; appends are refused "
+                "with KAFKA_STORAGE_ERROR until the disk takes them again",
+                self.name, size_bytes, self.log_end_offset, described,
+            )
+        else:
+            logger.debug("partition %s: append failed again: %s", self.name, described)
+        self._write_failure = described
+        return KafkaStorageError(f"partition {self.name}: cannot write to disk: {described}")
+
     def _write_batches(
         self, buf: bytes | bytearray, headers: Sequence[BatchHeader], now_ms: int
     ) -> None:
         """Write batches whose headers are final at the log end. New leader epochs are
         recorded in the epoch cache first (Kafka's order), and undone if the write fails."""
-        for header in headers:
-            if header.partition_leader_epoch >= 0:
-                self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
         try:
+            for header in headers:
+                if header.partition_leader_epoch >= 0:
+                    self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
             self._active.append(buf, headers, now_ms)
         except BaseException:
-            self.epoch_cache.truncate_from_end(self.log_end_offset)
+            # In memory this cannot fail; if rewriting the checkpoint does, the file is at
+            # worst ahead of the log, which opening the log trims.
+            with contextlib.suppress(OSError):
+                self.epoch_cache.truncate_from_end(self.log_end_offset)
             raise
         if self._first_unflushed_ms is None:
             self._first_unflushed_ms = now_ms
+        if self.append_listener is not None:
+            self.append_listener(buf, headers, self._active.base_offset)
         self._check_invariants()
+
+    # --- storage failures ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """``<topic>-<partition>``: the directory name."""
+        return self.directory.name
+
+    @property
+    def offline_reason(self) -> str | None:
+        """Why the log takes no more appends or fsyncs until a restart, or None."""
+        return self._offline_reason
+
+    def mark_offline(self, operation: str, error: OSError, *, detail: str | None = None
+                     ) -> None:
+        """Take the log offline after a failure that may have left the disk differing from
+        what the log knows (a failed fsync may have dropped dirty pages; a partial append
+        could not be cut off). Appends raise KafkaStorageError and no fsync is attempted
+        again (a retried fsync can succeed without the lost data); what is below the
+        flushed offset stays readable. Opening the log again (a restart) runs recovery, which
+        CRC-checks the tail and truncates anything torn. Logs one ERROR line."""
+        if self._offline_reason is not None:
+            return
+        reason = f"{operation} failed: {describe_os_error(error)}"
+        if detail:
+            reason += f"; {detail}"
+        self._offline_reason = reason
+        logger.error(
+            "partition %s: %s; the log is offline: appends are refused with "
+            "KAFKA_STORAGE_ERROR until a restart recovers it; offsets below %d stay readable",
+            self.name, reason, self._flushed_offset,
+        )
+
+    def _check_writable(self) -> None:
+        if self._offline_reason is not None:
+            raise KafkaStorageError(
+                f"partition {self.name} is offline after an I/O error ({self._offline_reason});"
+                " restart the node to recover it")
 
     # --- leader epochs ---------------------------------------------------------------------
 
@@ -448,8 +557,15 @@ class PartitionLog:
         )
         try:
             self._active.seal()
-        except BaseException:
-            new_segment.delete()
+        except BaseException as error:
+            try:
+                new_segment.delete()
+            except OSError as undo_error:
+                # A stray empty segment would make every later roll fail on O_EXCL.
+                if isinstance(error, OSError):
+                    self.mark_offline(f"roll at offset {self.log_end_offset}", error,
+                                      detail=f"removing the new segment failed too: "
+                                             f"{undo_error}")
             raise
         self._segments.append(new_segment)
         self._directory_version += 1
@@ -472,14 +588,24 @@ class PartitionLog:
         return flush_ms is not None and first_ms is not None and now_ms - first_ms >= flush_ms
 
     def begin_flush(self) -> FlushTicket | None:
-        """Capture the fsync work for everything written so far; None if there is none."""
+        """Capture the fsync work for everything written so far; None if there is none (or
+        the log is offline). Raises OSError (e.g. EMFILE) having captured nothing."""
+        if self._offline_reason is not None:
+            return None  # never fsync again after a failure: see mark_offline
         dirty = [s for s in self._segments if s.size_bytes > s.flushed_size_bytes]
         directory_dirty = self._directory_version != self._directory_synced_version
         if not dirty and not directory_dirty and self._flushed_offset == self.log_end_offset:
             return None
-        fds = [segment.dup_fd() for segment in dirty]
-        if directory_dirty:  # last: new files' data is synced before their names are
-            fds.append(open_directory(self.directory))
+        fds: list[int] = []
+        try:
+            for segment in dirty:
+                fds.append(segment.dup_fd())
+            if directory_dirty:  # last: new files' data is synced before their names are
+                fds.append(open_directory(self.directory))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
         self._flush_target_offset = self.log_end_offset
         self._first_unflushed_ms = None
         return FlushTicket(

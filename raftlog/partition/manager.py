@@ -29,8 +29,9 @@ from pathlib import Path
 
 import trio
 
-from raftlog.partition.log import LogConfig, PartitionLog
+from raftlog.partition.log import FlushTicket, LogConfig, PartitionLog, describe_os_error
 from raftlog.partition.replica_state import LeaderState
+from raftlog.partition.txn_index import TxnIndex, rebuild_txn_index
 from raftlog.txn.producer_state import ProducerStateManager
 from raftlog.txn.snapshot import (
     load_producer_state,
@@ -109,6 +110,8 @@ class Partition:
     # Idempotent producers seen in this partition (leaders check, followers replay).
     producers: ProducerStateManager = field(default_factory=ProducerStateManager)
     producers_snapshot_offset: int = -1
+    # Open and aborted transactions (LSO, read_committed): fed by the log's append listener.
+    txns: TxnIndex = field(default_factory=TxnIndex)
     _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -119,8 +122,14 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        # No transactions yet, so every offset below the high watermark is stable.
-        return self.high_watermark
+        """min(HW, first offset of the oldest open transaction): read_committed stops here."""
+        return self.txns.last_stable_offset(self.high_watermark)
+
+    def load_txn_index(self) -> None:
+        """Rebuild the transaction index from the log (open, truncation) and keep it fed by
+        every later append (``raftlog.partition.txn_index``)."""
+        self.txns = rebuild_txn_index(self.log)
+        self.log.append_listener = self.txns.observe
 
     @property
     def local_end_offset(self) -> int:
@@ -158,6 +167,7 @@ class Partition:
         """Truncate the log (a follower's divergent tail); the HW follows it down."""
         end_offset = self.log.truncate_to(offset)
         self.high_watermark = min(self.high_watermark, end_offset)
+        self.load_txn_index()
         self.producers = truncate_producer_state(
             self.producers, self.log.directory, end_offset,
             log_start_offset=self.log.log_start_offset,
@@ -169,6 +179,7 @@ class Partition:
         """Empty the log and restart it at ``offset`` (below the leader's log start)."""
         self.log.reset_to(offset)
         self.high_watermark = offset
+        self.load_txn_index()
         self.producers = reset_producer_state(self.log.directory, offset)
         self.notify_changed()
 
@@ -247,6 +258,7 @@ class PartitionManager:
                               isr=(self.node_id,))
         _apply_replication_configs(partition, configs)
         partition.load_producers()
+        partition.load_txn_index()
         # On open everything recovered is already on disk: visible and durable. (A replicated
         # partition's HW is reset by the ReplicaManager from its checkpoint.)
         partition.high_watermark = partition_log.log_end_offset
@@ -357,19 +369,38 @@ class PartitionManager:
                 self._dirty.add(partition)
 
     async def _flush_round(self) -> None:
+        """One group-commit round. A failed fsync (or EMFILE before it) takes that
+        partition's log offline (``PartitionLog.mark_offline``: one ERROR line, appends get
+        KAFKA_STORAGE_ERROR, waiting producers are answered) and never the node down."""
         batch = list(self._dirty)
         self._dirty.clear()
-        tickets = [(p, p.log.begin_flush()) for p in batch]
-        runnable = [t for _, t in tickets if t is not None]
-        await trio.to_thread.run_sync(_run_tickets, runnable)
+        tickets: list[tuple[Partition, FlushTicket]] = []
+        for partition in batch:
+            try:
+                ticket = partition.log.begin_flush()
+            except OSError as error:
+                self._storage_failed(partition, "preparing fsync", error)
+                continue
+            if ticket is not None:
+                tickets.append((partition, ticket))
+        failures = await trio.to_thread.run_sync(_run_tickets, [t for _, t in tickets])
         self.flush_rounds += 1
-        for partition, ticket in tickets:
-            if ticket is None or partition.deleted:
+        for (partition, ticket), failure in zip(tickets, failures, strict=True):
+            if partition.deleted:
+                continue
+            if failure is not None:
+                self._storage_failed(partition, "fsync", failure)
                 continue
             partition.log.complete_flush(ticket)
             partition.notify_changed()  # acks=1 producers and followers wait for this
             if partition.durable_acks:
                 self.update_high_watermark(partition)
+
+    def _storage_failed(self, partition: Partition, operation: str, error: OSError) -> None:
+        if partition.deleted:
+            return
+        partition.log.mark_offline(operation, error)
+        partition.notify_changed()  # producers waiting for this data get their answer now
 
     async def run_retention(self) -> None:
         while True:
@@ -387,12 +418,22 @@ class PartitionManager:
             if snapshot is None:
                 continue
             directory = partition.log.directory
-            await trio.to_thread.run_sync(_store_snapshot, directory, *snapshot)
+            try:
+                await trio.to_thread.run_sync(_store_snapshot, directory, *snapshot)
+            except OSError as error:  # e.g. a full disk; a restart replays more of the log
+                partition.producers_snapshot_offset = -1
+                log.warning("partition %s-%d: cannot write a producer-state snapshot: %s",
+                            partition.topic, partition.index, describe_os_error(error))
 
     def enforce_retention(self) -> int:
         deleted = 0
         for partition in list(self.partitions.values()):
-            deleted += partition.log.enforce_retention(now_ms())
+            try:
+                deleted += partition.log.enforce_retention(now_ms())
+                partition.txns.drop_segments_below(partition.log.segment_base_offsets)
+            except OSError as error:  # retried at the next check
+                log.warning("partition %s-%d: retention failed: %s", partition.topic,
+                            partition.index, describe_os_error(error))
         return deleted
 
 
@@ -403,9 +444,17 @@ def _apply_replication_configs(partition: Partition, configs: Mapping[str, str])
         configs.get("replica.lag.time.max.ms", DEFAULT_REPLICA_LAG_TIME_MAX_MS))
 
 
-def _run_tickets(tickets: Iterable[object]) -> None:
+def _run_tickets(tickets: Iterable[FlushTicket]) -> list[OSError | None]:
+    """Run every ticket (each closes its fds whatever happens); per ticket, its error."""
+    failures: list[OSError | None] = []
     for ticket in tickets:
-        ticket.run()  # type: ignore[attr-defined]
+        try:
+            ticket.run()
+        except OSError as error:
+            failures.append(error)
+        else:
+            failures.append(None)
+    return failures
 
 
 def _store_snapshot(directory: Path, offset: int, data: bytes) -> None:

@@ -115,6 +115,10 @@ class Segment:
         self.max_timestamp_ms = -1  # Kafka's NO_TIMESTAMP until a batch carries one
         self.rolling_base_ms: int | None = None  # when the first batch arrived
         self.sealed = False
+        # A failed append whose bytes could not be cut off again: the file holds bytes past
+        # ``size_bytes``, so no append may follow until recovery truncates them (on open).
+        # Holds why the cut-off failed.
+        self.torn: str | None = None
         self._read_fd = read_fd
         self._append_fd: int | None = None
         self._offset_of_max_timestamp = base_offset
@@ -130,7 +134,15 @@ class Segment:
             (directory / segment_file_name(base_offset, suffix)).unlink(missing_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         append_fd = os.open(log_path, flags, 0o644)
-        segment = cls(directory, base_offset, index_interval_bytes, _open_read(log_path))
+        try:
+            read_fd = _open_read(log_path)
+        except BaseException:
+            # Out of fds: leave nothing behind, or the next roll fails on O_EXCL forever.
+            os.close(append_fd)
+            with contextlib.suppress(OSError):
+                log_path.unlink()
+            raise
+        segment = cls(directory, base_offset, index_interval_bytes, read_fd)
         segment._append_fd = append_fd
         return segment
 
@@ -225,17 +237,28 @@ class Segment:
         )
 
     def append(self, buf: bytes | bytearray, headers: Sequence[BatchHeader], now_ms: int) -> None:
-        """Write already-rewritten batches at the end of the file and index them."""
+        """Write already-rewritten batches at the end of the file and index them.
+
+        On an OSError (ENOSPC, EDQUOT, EFBIG, EIO...) the bytes written so far are cut off
+        again, so the file still ends with the last whole batch, and the error is re-raised.
+        If even that fails, ``torn`` says why and the segment takes no more appends.
+        """
         assert not self.sealed, "sealed segments are read-only"
+        assert self.torn is None, "a torn segment takes no appends until recovery"
         assert headers and headers[0].base_offset == self.next_offset, "offsets must be contiguous"
         start = self.size_bytes
         fd = self._writable_fd()
         try:
             write_all(fd, buf)
-        except OSError:
-            with contextlib.suppress(OSError):  # keep the file equal to what we index
+        except OSError as error:
+            # Keep the file equal to what we index: appends are O_APPEND, so leftover bytes
+            # would shift every later batch away from the positions the index records.
+            try:
                 os.ftruncate(fd, start)
-            raise
+            except OSError as undo_error:
+                self.torn = f"cutting off the failed append at position {start} failed too: " \
+                    f"{undo_error}"
+            raise error
         if self.rolling_base_ms is None:
             self.rolling_base_ms = now_ms
         position = start
@@ -391,6 +414,7 @@ class Segment:
         rolling_base_ms = self.rolling_base_ms
         self._truncate_file(position)
         os.fsync(self._writable_fd())
+        self.torn = None  # whatever a failed append left behind is cut off too
         self.size_bytes = position
         self._rebuild(verify_crc=False)
         self.rolling_base_ms = rolling_base_ms if self.size_bytes else None

@@ -19,7 +19,8 @@ InitProducerId without a transactional id (idempotent producers), versions 0-4:
 * no id available within ``init_timeout_s`` → COORDINATOR_LOAD_IN_PROGRESS (14), as Kafka's
   ``RPCProducerIdManager``; all three clients retry it.
 
-With a transactional id (not implemented until the transactions milestone) the answer is
+With a transactional id the request goes to the transaction coordinator
+(``raftlog.txn.txn_apis``) when one is installed; without one the answer is
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53): it is the one code that all three clients treat as
 fatal for InitProducerId, so the application gets an immediate, named error. The "natural"
 COORDINATOR_NOT_AVAILABLE (15) and NOT_COORDINATOR (16) are retriable everywhere
@@ -77,6 +78,9 @@ class ProducerApis:
         self.manager = manager
         self.allocate_for_broker = allocate_for_broker
         self.init_timeout_s = init_timeout_s
+        # InitProducerId with a transactional id: the transaction coordinator's handler
+        # (``TxnApis.init_producer_id``), set by ``raftlog.txn.install``.
+        self.transactional_init: Callable[[RequestContext], HandlerResult] | None = None
 
     def handlers(self) -> dict[int, Handler]:
         """InitProducerId, plus AllocateProducerIds only when an allocator was given (so this
@@ -96,6 +100,8 @@ class ProducerApis:
         if transactional_id is not None:
             if transactional_id == "":
                 return _init_body(ErrorCode.INVALID_REQUEST)
+            if self.transactional_init is not None:
+                return self.transactional_init(ctx)
             log.info("InitProducerId from %s for transactional id %r: transactions are not "
                      "supported yet", ctx.peer, transactional_id)
             return _init_body(TRANSACTIONAL_ID_ERROR)

@@ -17,6 +17,8 @@ import pytest
 
 from raftlog.fetch.codec import Api, Field, VersionRange
 from raftlog.fetch.schemas import ALL_APIS
+from raftlog.fetch.schemas_group import GROUP_APIS
+from raftlog.fetch.schemas_txn import TXN_APIS
 
 MESSAGE_DIR = Path(__file__).resolve().parents[3] / "shared" / "kafka-protocol" / "message"
 PRIMITIVES = {
@@ -95,7 +97,7 @@ def _our_shape(
 
 
 @pytest.mark.skipif(not MESSAGE_DIR.is_dir(), reason="shared/kafka-protocol not present")
-@pytest.mark.parametrize("api", ALL_APIS, ids=lambda api: api.name)
+@pytest.mark.parametrize("api", ALL_APIS + GROUP_APIS + TXN_APIS, ids=lambda api: api.name)
 def test_schema_matches_kafka_json(api: Api) -> None:
     for kind in ("Request", "Response"):
         upstream = _load(f"{api.name}{kind}")

@@ -1,0 +1,573 @@
+"""The classic consumer-group protocol as a pure, synchronous state machine (sans-I/O).
+
+Nothing here waits, sleeps or reads a clock: every call takes ``now_ms``, and the shell
+(:mod:`raftlog.group.service`) calls :meth:`GroupCoordinator.tick` at
+:meth:`GroupCoordinator.next_deadline`. Requests that Kafka answers later (a JoinGroup waiting
+for the rebalance, a SyncGroup waiting for the leader's assignment) carry a ``token``; their
+answers appear in :attr:`GroupCoordinator.outbox` as ``(token, body)``. Records to persist in
+``__consumer_offsets`` appear in :attr:`GroupCoordinator.writes` as ``(group, key, value)``;
+the shell appends them before it delivers the outbox entries produced by the same call, so a
+SyncGroup is answered only once its group metadata is in the log, as in Kafka.
+
+States follow Kafka's ``GroupMetadata``: Empty → PreparingRebalance → CompletingRebalance →
+Stable, and back to PreparingRebalance when members join, leave or time out. A rebalance
+completes when every known member has rejoined (and no MEMBER_ID_REQUIRED member is still
+pending) or when the longest rebalance timeout passes; members that did not rejoin are
+removed. The broker never looks inside subscription or assignment bytes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raftlog.fetch.errors import ErrorCode
+from raftlog.group.records import (
+    GroupKey,
+    GroupValue,
+    MemberValue,
+    OffsetKey,
+    OffsetValue,
+    encode_group_value,
+    encode_key,
+    encode_offset_value,
+)
+
+EMPTY = "Empty"
+PREPARING_REBALANCE = "PreparingRebalance"
+COMPLETING_REBALANCE = "CompletingRebalance"
+STABLE = "Stable"
+DEAD = "Dead"
+
+GROUP_MIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's group.min.session.timeout.ms default
+GROUP_MAX_SESSION_TIMEOUT_MS = 1_800_000  # group.max.session.timeout.ms
+OFFSET_METADATA_MAX_BYTES = 4096  # offset.metadata.max.bytes
+
+Body = dict[str, Any]
+TopicPartition = tuple[str, int]
+
+
+@dataclass
+class Member:
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+    heartbeat_deadline_ms: int
+    assignment: bytes = b""
+    join_token: int | None = None  # awaiting the end of the rebalance
+    sync_token: int | None = None  # awaiting the leader's assignment
+
+    def metadata_for(self, protocol: str | None) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: str = EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)  # MEMBER_ID_REQUIRED ids → deadline
+    static: dict[str, str] = field(default_factory=dict)  # group.instance.id → member id
+    offsets: dict[TopicPartition, OffsetValue] = field(default_factory=dict)
+    rebalance_deadline_ms: int | None = None
+    state_timestamp_ms: int = -1
+
+
+class GroupCoordinator:
+    """Every group this node coordinates. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        min_session_timeout_ms: int = GROUP_MIN_SESSION_TIMEOUT_MS,
+        max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS,
+        new_member_id: Callable[[str], str] | None = None,
+    ) -> None:
+        self.groups: dict[str, Group] = {}
+        self.outbox: list[tuple[int, Body]] = []
+        self.writes: list[tuple[str, bytes, bytes | None]] = []
+        self.min_session_timeout_ms = min_session_timeout_ms
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self._new_member_id = new_member_id or _random_member_id
+
+    # -- JoinGroup ---------------------------------------------------------------------------
+
+    def join(
+        self,
+        token: int,
+        group_id: str,
+        member_id: str,
+        *,
+        instance_id: str | None,
+        protocol_type: str,
+        protocols: Iterable[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        client_id: str,
+        client_host: str,
+        require_known_member_id: bool,
+        now_ms: int,
+    ) -> Body | None:
+        """A JoinGroup: its answer now, or None (the answer comes through the outbox)."""
+        protocols = tuple(protocols)
+        if not group_id:
+            return _join_error(ErrorCode.INVALID_GROUP_ID, member_id)
+        if not self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms:
+            return _join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
+        if rebalance_timeout_ms < 0:
+            rebalance_timeout_ms = session_timeout_ms  # JoinGroup v0 has none
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return _join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+            group = self.groups[group_id] = Group(group_id, state_timestamp_ms=now_ms)
+        if not protocols or not protocol_type or (
+            group.members and (group.protocol_type != protocol_type
+                               or not self._supports(group, protocols))):
+            return _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+
+        def new_member(new_id: str) -> Member:
+            return Member(new_id, instance_id, client_id, client_host, session_timeout_ms,
+                          rebalance_timeout_ms, protocols, now_ms + session_timeout_ms)
+
+        if not member_id:
+            if instance_id is not None and instance_id in group.static:
+                # A static member restarted: its new id replaces (fences) the old one.
+                old_id = group.static[instance_id]
+                new_id = self._new_member_id(client_id or instance_id)
+                old = group.members.pop(old_id)
+                self._answer_pending(old, ErrorCode.FENCED_INSTANCE_ID)
+                member = new_member(new_id)
+                member.assignment = old.assignment
+                group.members[new_id] = member
+                group.static[instance_id] = new_id
+                if group.leader == old_id:
+                    group.leader = new_id
+                return self._rejoin(group, member, token, now_ms, changed=True)
+            new_id = self._new_member_id(client_id or "member")
+            if require_known_member_id and instance_id is None:
+                # KIP-394: the client must come back with this id before it counts.
+                group.pending[new_id] = now_ms + session_timeout_ms
+                return _join_error(ErrorCode.MEMBER_ID_REQUIRED, new_id)
+            return self._add_member(group, new_member(new_id), protocol_type, token, now_ms)
+        if member_id in group.pending:
+            del group.pending[member_id]
+            return self._add_member(group, new_member(member_id), protocol_type, token, now_ms)
+        if self._fenced(group, member_id, instance_id):
+            return _join_error(ErrorCode.FENCED_INSTANCE_ID, member_id)
+        known = group.members.get(member_id)
+        if known is None:
+            return _join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+        member = known
+        changed = member.protocols != protocols
+        member.protocols = protocols
+        member.session_timeout_ms = session_timeout_ms
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.client_id, member.client_host = client_id, client_host
+        return self._rejoin(group, member, token, now_ms, changed=changed)
+
+    def _rejoin(self, group: Group, member: Member, token: int, now_ms: int, *,
+                changed: bool) -> Body | None:
+        member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+        if member.join_token is not None and member.join_token != token:
+            self.outbox.append((member.join_token, _join_error(ErrorCode.REBALANCE_IN_PROGRESS,
+                                                               member.member_id)))
+        if group.state in (STABLE, COMPLETING_REBALANCE) and not changed \
+                and group.leader != member.member_id:
+            # Nothing to rebalance: the member gets the current generation again.
+            return self._join_body(group, member, leader_view=False)
+        member.join_token = token
+        if group.state != PREPARING_REBALANCE:
+            self._prepare_rebalance(group, now_ms)
+        self._maybe_complete_join(group, now_ms)
+        return None
+
+    def _add_member(self, group: Group, member: Member, protocol_type: str, token: int,
+                    now_ms: int) -> Body | None:
+        if not group.members:
+            group.protocol_type = protocol_type
+        group.members[member.member_id] = member
+        if member.instance_id is not None:
+            group.static[member.instance_id] = member.member_id
+        if group.leader is None:
+            group.leader = member.member_id
+        member.join_token = token
+        if group.state != PREPARING_REBALANCE:
+            self._prepare_rebalance(group, now_ms)
+        self._maybe_complete_join(group, now_ms)
+        return None
+
+    def _supports(self, group: Group, protocols: tuple[tuple[str, bytes], ...]) -> bool:
+        names = {name for name, _ in protocols}
+        common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
+        return bool(names & common)
+
+    def _prepare_rebalance(self, group: Group, now_ms: int) -> None:
+        if group.state == COMPLETING_REBALANCE:
+            for member in group.members.values():
+                member.assignment = b""
+                if member.sync_token is not None:
+                    self.outbox.append((member.sync_token,
+                                        _sync_body(ErrorCode.REBALANCE_IN_PROGRESS)))
+                    member.sync_token = None
+        group.state = PREPARING_REBALANCE
+        group.state_timestamp_ms = now_ms
+        timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
+        group.rebalance_deadline_ms = now_ms + timeout
+
+    def _maybe_complete_join(self, group: Group, now_ms: int) -> None:
+        if group.state != PREPARING_REBALANCE or group.pending:
+            return
+        if all(m.join_token is not None for m in group.members.values()):
+            self._complete_join(group, now_ms)
+
+    def _complete_join(self, group: Group, now_ms: int) -> None:
+        for member in [m for m in group.members.values() if m.join_token is None]:
+            self._remove(group, member)
+        group.pending.clear()
+        group.generation += 1
+        group.rebalance_deadline_ms = None
+        group.state_timestamp_ms = now_ms
+        if not group.members:
+            group.state, group.protocol, group.leader, group.protocol_type = EMPTY, None, None, \
+                None
+            self._persist_group(group)
+            return
+        first = next(iter(group.members.values()))
+        group.protocol = _select_protocol(group.members.values())
+        if group.leader not in group.members:
+            group.leader = first.member_id
+        group.state = COMPLETING_REBALANCE
+        for member in group.members.values():
+            token = member.join_token
+            member.join_token = None
+            member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+            assert token is not None
+            self.outbox.append((token, self._join_body(
+                group, member, leader_view=member.member_id == group.leader)))
+
+    def _join_body(self, group: Group, member: Member, *, leader_view: bool) -> Body:
+        members = [
+            {"member_id": m.member_id, "group_instance_id": m.instance_id,
+             "metadata": m.metadata_for(group.protocol)}
+            for m in group.members.values()
+        ] if leader_view else []
+        return {"error_code": ErrorCode.NONE, "generation_id": group.generation,
+                "protocol_name": group.protocol or "", "leader": group.leader or "",
+                "member_id": member.member_id, "members": members}
+
+    # -- SyncGroup, Heartbeat, LeaveGroup -------------------------------------------------------
+
+    def sync(self, token: int, group_id: str, generation: int, member_id: str, *,
+             instance_id: str | None, assignments: Mapping[str, bytes], now_ms: int,
+             ) -> Body | None:
+        group = self.groups.get(group_id)
+        if group is not None and self._fenced(group, member_id, instance_id):
+            return _sync_body(ErrorCode.FENCED_INSTANCE_ID)
+        if group is None or member_id not in group.members:
+            return _sync_body(ErrorCode.UNKNOWN_MEMBER_ID)
+        if generation != group.generation:
+            return _sync_body(ErrorCode.ILLEGAL_GENERATION)
+        member = group.members[member_id]
+        if group.state == PREPARING_REBALANCE:
+            return _sync_body(ErrorCode.REBALANCE_IN_PROGRESS)
+        member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+        if group.state == STABLE:
+            return _sync_body(ErrorCode.NONE, member.assignment)
+        # CompletingRebalance: wait for the leader's assignment.
+        member.sync_token = token
+        if member_id == group.leader:
+            for m in group.members.values():
+                m.assignment = bytes(assignments.get(m.member_id, b""))
+            group.state = STABLE
+            group.state_timestamp_ms = now_ms
+            self._persist_group(group)
+            for m in group.members.values():
+                if m.sync_token is not None:
+                    self.outbox.append((m.sync_token, _sync_body(ErrorCode.NONE, m.assignment)))
+                    m.sync_token = None
+        return None
+
+    def heartbeat(self, group_id: str, generation: int, member_id: str, *,
+                  instance_id: str | None, now_ms: int) -> int:
+        group = self.groups.get(group_id)
+        if group is not None and self._fenced(group, member_id, instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
+        if group is None or member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        member = group.members[member_id]
+        member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+        if group.state == PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def leave(self, group_id: str, members: Iterable[tuple[str, str | None]], *,
+              now_ms: int) -> list[int]:
+        """Per (member id, instance id): its error code."""
+        group = self.groups.get(group_id)
+        codes: list[int] = []
+        for member_id, instance_id in members:
+            if group is None:
+                codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                continue
+            if instance_id is not None:
+                mapped = group.static.get(instance_id)
+                if mapped is None:
+                    codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                    continue
+                if member_id and mapped != member_id:
+                    codes.append(ErrorCode.FENCED_INSTANCE_ID)
+                    continue
+                member_id = mapped
+            if member_id in group.pending:
+                del group.pending[member_id]
+            elif member_id in group.members:
+                self._remove(group, group.members[member_id])
+            else:
+                codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                continue
+            codes.append(ErrorCode.NONE)
+            self._after_removal(group, now_ms)
+        return codes
+
+    def _remove(self, group: Group, member: Member) -> None:
+        del group.members[member.member_id]
+        if member.instance_id is not None and group.static.get(member.instance_id) == \
+                member.member_id:
+            del group.static[member.instance_id]
+        self._answer_pending(member, ErrorCode.UNKNOWN_MEMBER_ID)
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), None)
+
+    def _answer_pending(self, member: Member, error: int) -> None:
+        if member.join_token is not None:
+            self.outbox.append((member.join_token, _join_error(error, member.member_id)))
+            member.join_token = None
+        if member.sync_token is not None:
+            self.outbox.append((member.sync_token, _sync_body(error)))
+            member.sync_token = None
+
+    def _after_removal(self, group: Group, now_ms: int) -> None:
+        if group.state in (STABLE, COMPLETING_REBALANCE):
+            self._prepare_rebalance(group, now_ms)
+        self._maybe_complete_join(group, now_ms)
+
+    def _fenced(self, group: Group, member_id: str, instance_id: str | None) -> bool:
+        return instance_id is not None and group.static.get(instance_id, member_id) != member_id
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> None:
+        """Session expiry, pending-member expiry and rebalance timeouts due by ``now_ms``."""
+        for group in list(self.groups.values()):
+            for pending_id, deadline in list(group.pending.items()):
+                if deadline <= now_ms:
+                    del group.pending[pending_id]
+                    self._maybe_complete_join(group, now_ms)
+            expired = [m for m in group.members.values()
+                       if m.join_token is None and m.heartbeat_deadline_ms <= now_ms]
+            for member in expired:
+                if member.member_id in group.members:
+                    self._remove(group, member)
+                    self._after_removal(group, now_ms)
+            if group.state == PREPARING_REBALANCE and group.rebalance_deadline_ms is not None \
+                    and group.rebalance_deadline_ms <= now_ms:
+                self._complete_join(group, now_ms)
+
+    def next_deadline(self) -> int | None:
+        deadlines: list[int] = []
+        for group in self.groups.values():
+            deadlines.extend(group.pending.values())
+            deadlines.extend(m.heartbeat_deadline_ms for m in group.members.values()
+                             if m.join_token is None)
+            if group.rebalance_deadline_ms is not None:
+                deadlines.append(group.rebalance_deadline_ms)
+        return min(deadlines, default=None)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def validate_commit(self, group_id: str, generation: int, member_id: str,
+                        instance_id: str | None) -> int:
+        """Kafka's checks before an OffsetCommit writes anything (classic protocol, < v9)."""
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        group = self.groups.get(group_id)
+        if group is None:
+            # Only a group that does not use Kafka's membership (generation -1) may start by
+            # committing; anything else is a commit from a generation that no longer exists.
+            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
+        if group.state == DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if self._fenced(group, member_id, instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
+        if generation < 0 and group.state == EMPTY:
+            return ErrorCode.NONE
+        if group.state == COMPLETING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        if member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        return ErrorCode.NONE
+
+    def commit_records(self, group_id: str, offsets: Mapping[TopicPartition, OffsetValue]
+                       ) -> list[tuple[bytes, bytes | None]]:
+        """The records that store ``offsets`` (written by the shell, then :meth:`apply_commit`)."""
+        return [(encode_key(OffsetKey(group_id, topic, partition)), encode_offset_value(value))
+                for (topic, partition), value in offsets.items()]
+
+    def apply_commit(self, group_id: str, offsets: Mapping[TopicPartition, OffsetValue],
+                     now_ms: int) -> None:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id, state_timestamp_ms=now_ms)
+        group.offsets.update(offsets)
+
+    def committed(self, group_id: str, partitions: Iterable[TopicPartition] | None
+                  ) -> dict[TopicPartition, OffsetValue | None]:
+        group = self.groups.get(group_id)
+        offsets = {} if group is None else group.offsets
+        if partitions is None:
+            return dict(offsets)
+        return {tp: offsets.get(tp) for tp in partitions}
+
+    # -- admin --------------------------------------------------------------------------------
+
+    def describe(self, group_id: str) -> Body:
+        group = self.groups.get(group_id)
+        if group is None:
+            return {"error_code": 0, "group_id": group_id, "group_state": DEAD,
+                    "protocol_type": "", "protocol_data": "", "members": []}
+        members = [
+            {"member_id": m.member_id, "group_instance_id": m.instance_id,
+             "client_id": m.client_id, "client_host": m.client_host,
+             "member_metadata": m.metadata_for(group.protocol),
+             "member_assignment": m.assignment if group.state == STABLE else b""}
+            for m in group.members.values()
+        ]
+        return {"error_code": 0, "group_id": group_id, "group_state": group.state,
+                "protocol_type": group.protocol_type or "",
+                "protocol_data": group.protocol or "", "members": members}
+
+    def listed(self) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every group."""
+        return [(g.group_id, g.protocol_type or "", g.state) for g in self.groups.values()]
+
+    def delete(self, group_id: str) -> tuple[int, list[tuple[bytes, bytes | None]]]:
+        """Kafka's DeleteGroups checks; on success the tombstones to write (the shell then
+        calls :meth:`drop`)."""
+        group = self.groups.get(group_id)
+        if group is None or group.state == DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        if group.state != EMPTY or group.members:
+            return ErrorCode.NON_EMPTY_GROUP, []
+        tombstones: list[tuple[bytes, bytes | None]] = [
+            (encode_key(OffsetKey(group_id, t, p)), None) for t, p in group.offsets]
+        tombstones.append((encode_key(GroupKey(group_id)), None))
+        return ErrorCode.NONE, tombstones
+
+    def drop(self, group_id: str) -> None:
+        self.groups.pop(group_id, None)
+
+    def unload(self, group_ids: Iterable[str]) -> None:
+        """This node stopped coordinating these groups: waiting requests get NOT_COORDINATOR."""
+        for group_id in list(group_ids):
+            group = self.groups.pop(group_id, None)
+            if group is None:
+                continue
+            for member in group.members.values():
+                self._answer_pending(member, ErrorCode.NOT_COORDINATOR)
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def _persist_group(self, group: Group) -> None:
+        value = GroupValue(
+            protocol_type=group.protocol_type or "",
+            generation=group.generation,
+            protocol=group.protocol,
+            leader=group.leader,
+            current_state_timestamp_ms=group.state_timestamp_ms,
+            members=tuple(
+                MemberValue(m.member_id, m.instance_id, m.client_id, m.client_host,
+                            m.rebalance_timeout_ms, m.session_timeout_ms,
+                            m.metadata_for(group.protocol), m.assignment)
+                for m in group.members.values()),
+        )
+        self.writes.append((group.group_id, encode_key(GroupKey(group.group_id)),
+                            encode_group_value(value)))
+
+    def load_offset(self, group_id: str, tp: TopicPartition, value: OffsetValue | None) -> None:
+        """Replay of one offset record (None: a tombstone)."""
+        group = self.groups.get(group_id)
+        if value is None:
+            if group is not None:
+                group.offsets.pop(tp, None)
+            return
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        group.offsets[tp] = value
+
+    def load_group(self, group_id: str, value: GroupValue | None, now_ms: int) -> None:
+        """Replay of one group-metadata record (None: the group was deleted)."""
+        if value is None:
+            self.groups.pop(group_id, None)
+            return
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        group.generation = value.generation
+        group.protocol_type = value.protocol_type or None
+        group.protocol = value.protocol
+        group.leader = value.leader
+        group.state_timestamp_ms = value.current_state_timestamp_ms
+        group.members = {}
+        group.static = {}
+        for m in value.members:
+            protocols = ((value.protocol, m.subscription),) if value.protocol else ()
+            group.members[m.member_id] = Member(
+                m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                m.session_timeout_ms, m.rebalance_timeout_ms, protocols,
+                now_ms + m.session_timeout_ms, assignment=m.assignment)
+            if m.group_instance_id is not None:
+                group.static[m.group_instance_id] = m.member_id
+        group.state = STABLE if group.members else EMPTY
+
+
+def _select_protocol(members: Iterable[Member]) -> str:
+    """Kafka's vote: among protocols every member supports, each member votes for its first."""
+    members = list(members)
+    common = set.intersection(*({n for n, _ in m.protocols} for m in members))
+    votes: dict[str, int] = {}
+    for member in members:
+        choice = next(n for n, _ in member.protocols if n in common)
+        votes[choice] = votes.get(choice, 0) + 1
+    order = [n for n, _ in members[0].protocols if n in common]
+    return max(order, key=lambda n: (votes.get(n, 0), -order.index(n)))
+
+
+def _join_error(code: int, member_id: str) -> Body:
+    return {"error_code": code, "generation_id": -1, "protocol_name": "", "leader": "",
+            "member_id": member_id, "members": []}
+
+
+def _sync_body(code: int, assignment: bytes = b"") -> Body:
+    return {"error_code": code, "assignment": assignment}
+
+
+def _random_member_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4()}"

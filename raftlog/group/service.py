@@ -1,0 +1,614 @@
+"""The trio shell around :class:`~raftlog.group.coordinator.GroupCoordinator`, and the group
+API handlers.
+
+* Routing: a group belongs to partition ``abs(javaHashCode(group)) % N`` of the internal
+  ``__consumer_offsets`` topic (as Kafka computes it); its coordinator is that partition's
+  leader. N is ``OFFSETS_TOPIC_PARTITIONS`` = 10 (Kafka's ``offsets.topic.num.partitions``
+  default is 50; 10 keeps a laptop cluster light). The topic is created through the controller
+  on the first FindCoordinator, compacted, replication factor min(3, live brokers).
+* Loading: a watcher notices when this node becomes leader of an offsets partition (or its
+  leader epoch moves) and rebuilds that partition's groups and offsets from the log; requests
+  for those groups get COORDINATOR_LOAD_IN_PROGRESS meanwhile, and NOT_COORDINATOR on a node
+  that does not lead the partition.
+* Writes: offsets and group metadata are appended through the produce path
+  (``KafkaApis._append``) with acks=all, so a commit is acknowledged only once every ISR
+  member has it; in-memory offsets change only after that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+import trio
+
+from raftlog.config import ServerConfig
+from raftlog.fetch.apis import KafkaApis
+from raftlog.fetch.coordinator_apis import CoordinatorLocation
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import CREATE_TOPICS
+from raftlog.fetch.schemas_group import (
+    DELETE_GROUPS,
+    DESCRIBE_GROUPS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+)
+from raftlog.fetch.schemas_txn import TXN_OFFSET_COMMIT
+from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
+from raftlog.group.coordinator import OFFSET_METADATA_MAX_BYTES, GroupCoordinator
+from raftlog.group.records import (
+    GroupKey,
+    OffsetKey,
+    OffsetValue,
+    RecordFormatError,
+    decode_group_value,
+    decode_key,
+    decode_offset_value,
+)
+from raftlog.group.txn_offsets import TxnOffsets
+from raftlog.metadata.image import NO_LEADER
+from raftlog.metadata.quorum import Quorum
+from raftlog.partition.batch import build_batch, check_batch, decode_records
+from raftlog.partition.manager import PartitionManager
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC: Final = "__consumer_offsets"
+OFFSETS_TOPIC_PARTITIONS: Final = 10  # Kafka: offsets.topic.num.partitions=50
+OFFSETS_TOPIC_REPLICATION_MAX: Final = 3
+OFFSETS_TOPIC_CONFIGS: Final = {"cleanup.policy": "compact", "segment.bytes": str(100 << 20)}
+WATCH_INTERVAL_S: Final = 0.1
+LOAD_CHUNK_BYTES: Final = 1 << 20
+CREATE_TIMEOUT_S: Final = 10.0
+JOIN_WAIT_MARGIN_S: Final = 5.0
+WRITE_TIMEOUT_S: Final = 5.0
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, int32 overflow)."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> int:
+    """Kafka's ``Utils.abs(groupId.hashCode) % partitions`` (abs(MIN_VALUE) is 0 there)."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.body: Body | None = None
+
+
+class GroupService:
+    """Group coordinator of this node: a pure core, the offsets-log I/O and the handlers."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        quorum: Quorum,
+        manager: PartitionManager,
+        apis: KafkaApis,
+        *,
+        forward: Callable[..., Awaitable[Any]] | None = None,
+        num_partitions: int = OFFSETS_TOPIC_PARTITIONS,
+        core: GroupCoordinator | None = None,
+    ) -> None:
+        self.config = config
+        self.quorum = quorum
+        self.manager = manager
+        self.apis = apis
+        self.forward = forward
+        self.num_partitions = num_partitions
+        self.core = core or GroupCoordinator()
+        self._loaded: dict[int, int] = {}  # offsets partition → leader epoch loaded
+        self._group_partition: dict[str, int] = {}
+        self._waiters: dict[int, _Waiter] = {}
+        self._next_token = 0
+        self._nursery: trio.Nursery | None = None
+        self._creating = False
+        # Offsets in transactions (raftlog.group.txn_offsets): the PendingOffsets seam.
+        self.txn_offsets = TxnOffsets(self)
+
+    # -- routing --------------------------------------------------------------------------------
+
+    def partition_of(self, group_id: str) -> int:
+        return partition_for(group_id, self.num_partitions)
+
+    def locate(self, group_id: str) -> CoordinatorLocation:
+        """FindCoordinator for a group: the leader of its offsets partition."""
+        image = self.quorum.image
+        topic = image.topics.get(OFFSETS_TOPIC)
+        if topic is None:
+            self._ensure_topic()
+            return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                       message="the offsets topic is being created")
+        index = self.partition_of(group_id)
+        if index >= len(topic.partitions):
+            return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        leader = topic.partitions[index].leader
+        broker = image.brokers.get(leader)
+        if leader == NO_LEADER or broker is None:
+            return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return CoordinatorLocation(ErrorCode.NONE, leader, broker.host, broker.port)
+
+    def _ensure_topic(self) -> None:
+        if self._creating or self._nursery is None:
+            return
+        self._creating = True
+        self._nursery.start_soon(self._create_topic)
+
+    async def _create_topic(self) -> None:
+        try:
+            live = len(list(self.quorum.image.live_broker_ids()))
+            factor = max(1, min(OFFSETS_TOPIC_REPLICATION_MAX, live))
+            topic = {"name": OFFSETS_TOPIC, "num_partitions": self.num_partitions,
+                     "replication_factor": factor, "assignments": [],
+                     "configs": [{"name": k, "value": v}
+                                 for k, v in OFFSETS_TOPIC_CONFIGS.items()]}
+            body = {"topics": [topic], "timeout_ms": int(CREATE_TIMEOUT_S * 1000),
+                    "validate_only": False}
+            if self.forward is not None:
+                response = await self.forward(
+                    CREATE_TOPICS, body, version=4, timeout_s=CREATE_TIMEOUT_S,
+                    is_not_controller=lambda r: any(t.error_code == ErrorCode.NOT_CONTROLLER
+                                                    for t in r.topics))
+                code = response.topics[0].error_code
+            else:
+                code, _ = await self.apis._create_topic(
+                    OFFSETS_TOPIC, self.num_partitions, factor, (), OFFSETS_TOPIC_CONFIGS)
+            if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.warning("creating %s failed with error %d", OFFSETS_TOPIC, code)
+            else:
+                log.info("created %s (%d partitions, replication factor %d)", OFFSETS_TOPIC,
+                         self.num_partitions, factor)
+        except Exception as exc:  # the next FindCoordinator retries
+            log.warning("creating %s failed: %s", OFFSETS_TOPIC, exc)
+        finally:
+            self._creating = False
+
+    def _coordinator_error(self, group_id: str) -> int:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        index = self.partition_of(group_id)
+        partition = self.manager.get(OFFSETS_TOPIC, index)
+        if partition is None or not partition.is_leader or partition.deleted:
+            return ErrorCode.NOT_COORDINATOR
+        if self._loaded.get(index) != partition.leader_epoch:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        self._group_partition[group_id] = index
+        return ErrorCode.NONE
+
+    # -- the background task --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await self._watch_leadership()
+                self.core.tick(_now_ms())
+                self._flush_effects()
+                await trio.sleep(WATCH_INTERVAL_S)
+
+    async def _watch_leadership(self) -> None:
+        for index in range(self.num_partitions):
+            partition = self.manager.get(OFFSETS_TOPIC, index)
+            leading = partition is not None and partition.is_leader and not partition.deleted
+            if not leading:
+                if index in self._loaded:
+                    self._unload(index)
+                continue
+            assert partition is not None
+            if self._loaded.get(index) == partition.leader_epoch:
+                continue
+            self._unload(index)
+            epoch = partition.leader_epoch
+            try:
+                await self._load(index)
+            except Exception:
+                log.exception("loading %s-%d failed; retrying", OFFSETS_TOPIC, index)
+                continue
+            if partition.is_leader and partition.leader_epoch == epoch:
+                self._loaded[index] = epoch
+
+    def _unload(self, index: int) -> None:
+        self._loaded.pop(index, None)
+        self.txn_offsets.unload(index)
+        gone = [g for g in self.core.groups if self.partition_of(g) == index]
+        self.core.unload(gone)
+        self._deliver(self.core.outbox)
+        self.core.outbox = []
+
+    async def _load(self, index: int) -> None:
+        """Rebuild the groups of one offsets partition from its log."""
+        partition = self.manager.get(OFFSETS_TOPIC, index)
+        assert partition is not None
+        plog = partition.log
+        offset = plog.log_start_offset
+        now = _now_ms()
+        loaded = 0
+        while offset < plog.log_end_offset:
+            with plog.read(offset, LOAD_CHUNK_BYTES, max_offset=plog.log_end_offset) as read:
+                data = read.read_bytes()
+            if not data:
+                break
+            position = 0
+            while position < len(data):
+                header = check_batch(data, position)
+                end = position + header.size_bytes
+                if self.txn_offsets.replay_batch(index, header, data[position:end], offset):
+                    pass  # transactional offsets and markers
+                elif not header.is_control:
+                    for record in decode_records(data[position:end]):
+                        if record.offset >= offset:
+                            self._replay(record.key, record.value, now)
+                            loaded += 1
+                offset = max(offset, header.next_offset)
+                position = end
+            await trio.lowlevel.checkpoint()
+        log.info("loaded %d records of %s-%d (leader epoch %d)", loaded, OFFSETS_TOPIC, index,
+                 partition.leader_epoch)
+
+    def _replay(self, key: bytes | None, value: bytes | None, now_ms: int) -> None:
+        if key is None:
+            return
+        try:
+            parsed = decode_key(key)
+            if isinstance(parsed, OffsetKey):
+                self.core.load_offset(parsed.group, (parsed.topic, parsed.partition),
+                                      None if value is None else decode_offset_value(value))
+            elif isinstance(parsed, GroupKey):
+                self.core.load_group(parsed.group,
+                                     None if value is None else decode_group_value(value), now_ms)
+        except RecordFormatError as exc:
+            log.warning("skipping an unreadable %s record: %s", OFFSETS_TOPIC, exc)
+
+    # -- effects: persist the core's writes, then answer its waiting requests -----------------
+
+    def _token(self) -> tuple[int, _Waiter]:
+        self._next_token += 1
+        waiter = self._waiters[self._next_token] = _Waiter()
+        return self._next_token, waiter
+
+    def _flush_effects(self) -> None:
+        writes, outbox = self.core.writes, self.core.outbox
+        self.core.writes, self.core.outbox = [], []
+        if not writes:
+            self._deliver(outbox)
+            return
+        by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        for group_id, key, value in writes:
+            by_partition.setdefault(self.partition_of(group_id), []).append((key, value))
+        waits = []
+        for index, records in by_partition.items():
+            error, wait = self._append(index, records)
+            if error:
+                log.warning("could not write group metadata to %s-%d: error %d", OFFSETS_TOPIC,
+                            index, error)
+            if wait is not None:
+                waits.append(wait)
+        if not waits or self._nursery is None:
+            self._deliver(outbox)
+            return
+
+        async def deliver_when_written() -> None:
+            deadline = trio.current_time() + WRITE_TIMEOUT_S
+            for wait in waits:
+                await wait.partition.wait_until(wait.settled, deadline)
+            self._deliver(outbox)
+
+        self._nursery.start_soon(deliver_when_written)
+
+    def _deliver(self, outbox: Iterable[tuple[int, Body]]) -> None:
+        for token, body in outbox:
+            waiter = self._waiters.pop(token, None)
+            if waiter is not None:
+                waiter.body = body
+                waiter.event.set()
+
+    def _append(self, index: int, records: list[tuple[bytes, bytes | None]]
+                ) -> tuple[int, Any]:
+        batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=_now_ms())
+        result, wait = self.apis._append(OFFSETS_TOPIC, index, memoryview(batch), -1)
+        return int(result["error_code"]), wait
+
+    async def _await_waiter(self, token: int, waiter: _Waiter, timeout_s: float,
+                            fallback: Body) -> Body:
+        try:
+            with trio.move_on_after(timeout_s):
+                await waiter.event.wait()
+        finally:
+            self._waiters.pop(token, None)
+        return waiter.body if waiter.body is not None else fallback
+
+    # -- handlers ---------------------------------------------------------------------------------
+
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[int, Callable[[RequestContext], HandlerResult]] = {
+            JOIN_GROUP.key: self.join_group,
+            SYNC_GROUP.key: self.sync_group,
+            HEARTBEAT.key: self.heartbeat,
+            LEAVE_GROUP.key: self.leave_group,
+            OFFSET_COMMIT.key: self.offset_commit,
+            OFFSET_FETCH.key: self.offset_fetch,
+            DESCRIBE_GROUPS.key: self.describe_groups,
+            LIST_GROUPS.key: self.list_groups,
+            DELETE_GROUPS.key: self.delete_groups,
+            TXN_OFFSET_COMMIT.key: self.txn_offsets.txn_offset_commit,
+        }
+        return dict(table)
+
+    def join_group(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        error = self._coordinator_error(request.group_id)
+        if error:
+            return _join_response(_join_error_body(error, request.member_id))
+        token, waiter = self._token()
+        rebalance_ms = request.rebalance_timeout_ms if version >= 1 else -1
+        body = self.core.join(
+            token, request.group_id, request.member_id,
+            instance_id=request.group_instance_id if version >= 5 else None,
+            protocol_type=request.protocol_type,
+            protocols=[(p.name, bytes(p.metadata)) for p in request.protocols],
+            session_timeout_ms=request.session_timeout_ms,
+            rebalance_timeout_ms=rebalance_ms,
+            client_id=ctx.header.client_id or "",
+            client_host="/" + ctx.peer.rsplit(":", 1)[0],
+            require_known_member_id=version >= 4,
+            now_ms=_now_ms(),
+        )
+        self._flush_effects()
+        if body is not None:
+            self._waiters.pop(token, None)
+            return _join_response(body)
+        timeout_s = max(rebalance_ms, request.session_timeout_ms) / 1000 + JOIN_WAIT_MARGIN_S
+
+        async def wait_for_rebalance() -> Body:
+            fallback = _join_error_body(ErrorCode.REBALANCE_IN_PROGRESS, request.member_id)
+            return _join_response(await self._await_waiter(token, waiter, timeout_s, fallback))
+
+        return wait_for_rebalance
+
+    def sync_group(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        error = self._coordinator_error(request.group_id)
+        if error:
+            return {"throttle_time_ms": 0, "error_code": error, "assignment": b""}
+        token, waiter = self._token()
+        body = self.core.sync(
+            token, request.group_id, request.generation_id, request.member_id,
+            instance_id=request.group_instance_id if version >= 3 else None,
+            assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
+            now_ms=_now_ms(),
+        )
+        self._flush_effects()
+        if body is not None:
+            self._waiters.pop(token, None)
+            return {"throttle_time_ms": 0, **body}
+
+        async def wait_for_assignment() -> Body:
+            fallback = {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""}
+            result = await self._await_waiter(token, waiter, 60.0, fallback)
+            return {"throttle_time_ms": 0, **result}
+
+        return wait_for_assignment
+
+    def heartbeat(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        error = self._coordinator_error(request.group_id)
+        if not error:
+            error = self.core.heartbeat(
+                request.group_id, request.generation_id, request.member_id,
+                instance_id=request.group_instance_id if ctx.header.api_version >= 3 else None,
+                now_ms=_now_ms())
+            self._flush_effects()
+        return {"throttle_time_ms": 0, "error_code": error}
+
+    def leave_group(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        if version >= 3:
+            identities = [(m.member_id, m.group_instance_id) for m in request.members]
+        else:
+            identities = [(request.member_id, None)]
+        error = self._coordinator_error(request.group_id)
+        if error:
+            return {"throttle_time_ms": 0, "error_code": error, "members": []}
+        codes = self.core.leave(request.group_id, identities, now_ms=_now_ms())
+        self._flush_effects()
+        if version >= 3:
+            members = [{"member_id": m, "group_instance_id": i, "error_code": c}
+                       for (m, i), c in zip(identities, codes, strict=True)]
+            return {"throttle_time_ms": 0, "error_code": 0, "members": members}
+        return {"throttle_time_ms": 0, "error_code": codes[0], "members": []}
+
+    def offset_commit(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        group_id = request.group_id
+        generation = request.generation_id_or_member_epoch if version >= 1 else -1
+        member_id = request.member_id if version >= 1 else ""
+        instance_id = request.group_instance_id if version >= 7 else None
+        results: dict[str, list[Body]] = {}
+
+        def reply(tp: tuple[str, int], code: int) -> Body:
+            entry = {"partition_index": tp[1], "error_code": code}
+            results.setdefault(tp[0], []).append(entry)
+            return entry
+
+        error = self._coordinator_error(group_id)
+        if not error:
+            error = self.core.validate_commit(group_id, generation, member_id, instance_id)
+        image = self.quorum.image
+        valid: dict[tuple[str, int], OffsetValue] = {}
+        entries: dict[tuple[str, int], Body] = {}
+        now = _now_ms()
+        for topic in request.topics:
+            known = image.topics.get(topic.name)
+            for p in topic.partitions:
+                tp = (topic.name, p.partition_index)
+                metadata = p.committed_metadata or ""
+                if error:
+                    reply(tp, error)
+                elif known is None or not 0 <= p.partition_index < len(known.partitions):
+                    reply(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                    reply(tp, ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                else:
+                    entries[tp] = reply(tp, ErrorCode.NONE)
+                    epoch = p.committed_leader_epoch if version >= 6 else -1
+                    valid[tp] = OffsetValue(p.committed_offset, epoch, metadata, now)
+        body = {"throttle_time_ms": 0, "topics": [
+            {"name": name, "partitions": parts} for name, parts in results.items()]}
+        if not valid:
+            return body
+        index = self.partition_of(group_id)
+        code, wait = self._append(index, self.core.commit_records(group_id, valid))
+        if code:
+            for entry in entries.values():
+                entry["error_code"] = _commit_write_error(code)
+            return body
+        epoch = self._loaded.get(index)
+
+        async def wait_until_written() -> Body:
+            if wait is not None:
+                deadline = trio.current_time() + WRITE_TIMEOUT_S
+                await wait.partition.wait_until(wait.settled, deadline)
+                code = wait.error_code()
+            else:
+                code = ErrorCode.NONE
+            if code == ErrorCode.NONE and self._loaded.get(index) == epoch:
+                self.core.apply_commit(group_id, valid, _now_ms())
+            elif code == ErrorCode.NONE:
+                code = ErrorCode.NOT_COORDINATOR
+            for entry in entries.values():
+                entry["error_code"] = _commit_write_error(code)
+            return body
+
+        return wait_until_written
+
+    def offset_fetch(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        error = self._coordinator_error(request.group_id)
+        if error and version >= 2:
+            return {"throttle_time_ms": 0, "topics": [], "error_code": error}
+        wanted = None if request.topics is None else [
+            (t.name, i) for t in request.topics for i in t.partition_indexes]
+        committed = {} if error else self.core.committed(request.group_id, wanted)
+        stable = version >= 7 and request.require_stable
+        if wanted is None:
+            wanted = sorted(committed)
+            if stable:  # pending transactional offsets are listed too, as unstable
+                pending = self.txn_offsets.pending.pending_partitions(request.group_id)
+                wanted = sorted(set(wanted) | pending)
+        unstable = self.txn_offsets.pending.pending_partitions(request.group_id) \
+            if stable and not error else set()
+        topics: dict[str, list[Body]] = {}
+        for tp in wanted:
+            value = committed.get(tp)
+            if tp in unstable:
+                topics.setdefault(tp[0], []).append({
+                    "partition_index": tp[1], "committed_offset": -1,
+                    "committed_leader_epoch": -1, "metadata": "",
+                    "error_code": ErrorCode.UNSTABLE_OFFSET_COMMIT})
+                continue
+            topics.setdefault(tp[0], []).append({
+                "partition_index": tp[1],
+                "committed_offset": -1 if value is None else value.offset,
+                "committed_leader_epoch": -1 if value is None else value.leader_epoch,
+                "metadata": "" if value is None else value.metadata,
+                "error_code": error,
+            })
+        return {"throttle_time_ms": 0, "error_code": 0, "topics": [
+            {"name": name, "partitions": parts} for name, parts in topics.items()]}
+
+    def describe_groups(self, ctx: RequestContext) -> HandlerResult:
+        groups = []
+        for group_id in ctx.body.groups:
+            error = self._coordinator_error(group_id)
+            if error:
+                groups.append({"error_code": error, "group_id": group_id, "group_state": "",
+                               "protocol_type": "", "protocol_data": "", "members": []})
+            else:
+                groups.append(self.core.describe(group_id))
+        return {"throttle_time_ms": 0, "groups": groups}
+
+    def list_groups(self, ctx: RequestContext) -> HandlerResult:
+        listed = [{"group_id": g, "protocol_type": t} for g, t, _ in self.core.listed()]
+        return {"throttle_time_ms": 0, "error_code": 0, "groups": listed}
+
+    def delete_groups(self, ctx: RequestContext) -> HandlerResult:
+        results: list[Body] = []
+        waits = []
+        for group_id in ctx.body.groups_names:
+            entry: Body = {"group_id": group_id, "error_code": 0}
+            results.append(entry)
+            error = self._coordinator_error(group_id)
+            tombstones: list[tuple[bytes, bytes | None]] = []
+            if not error:
+                error, tombstones = self.core.delete(group_id)
+            if not error:
+                error, wait = self._append(self.partition_of(group_id), tombstones)
+                error = _commit_write_error(error) if error else 0
+                if not error:
+                    self.core.drop(group_id)
+                    if wait is not None:
+                        waits.append((entry, wait))
+            entry["error_code"] = error
+        body = {"throttle_time_ms": 0, "results": results}
+        if not waits:
+            return body
+
+        async def wait_until_written() -> Body:
+            deadline = trio.current_time() + WRITE_TIMEOUT_S
+            for entry, wait in waits:
+                await wait.partition.wait_until(wait.settled, deadline)
+                entry["error_code"] = _commit_write_error(wait.error_code())
+            return body
+
+        return wait_until_written
+
+
+def _commit_write_error(code: int) -> int:
+    """Kafka's mapping of an offsets-log append error to what the group client sees."""
+    if code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR):
+        return code
+    if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_ENOUGH_REPLICAS,
+                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, ErrorCode.REQUEST_TIMED_OUT):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+        return ErrorCode.NOT_COORDINATOR
+    if code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE,
+                ErrorCode.INVALID_FETCH_SIZE):
+        return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+    return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def _join_error_body(code: int, member_id: str) -> Body:
+    return {"error_code": code, "generation_id": -1, "protocol_name": "", "leader": "",
+            "member_id": member_id, "members": []}
+
+
+def _join_response(body: Body) -> Body:
+    return {"throttle_time_ms": 0, **body}

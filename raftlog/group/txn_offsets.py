@@ -1,0 +1,295 @@
+"""Offsets in transactions (KIP-98, KIP-447): the group coordinator's half.
+
+* **TxnOffsetCommit (28, v0-3).** The offsets are written to the group's ``__consumer_offsets``
+  partition as a *transactional* batch of the producer (its id and epoch, baseSequence -1,
+  the transactional attribute; the same OffsetCommitKey/Value records as a plain commit), the
+  way Kafka's group coordinator writes them, and staged as *pending*: OffsetFetch does not
+  see them. v3 checks the generation, member id and group instance id as Kafka's
+  ``validateOffsetCommit(isTransactional = true)`` does (no check when all three are unset).
+* **Commit/abort.** The transaction coordinator writes a COMMIT or ABORT marker to that
+  partition (AddOffsetsToTxn added it to the transaction); the partition leader — this node,
+  as group coordinator — calls :meth:`TxnOffsets.complete` once the marker is replicated
+  (``raftlog.txn.coordinator_service.TxnCoordinatorService.append_marker``): COMMIT applies
+  the staged offsets, ABORT drops them.
+* **Replay.** Loading an offsets partition stages the transactional records and resolves them
+  at the markers that follow them in the log, so a new coordinator ends up in the same state.
+* **OffsetFetch require_stable (v7).** A partition with pending transactional offsets is
+  answered with UNSTABLE_OFFSET_COMMIT (88); the consumer retries.
+
+This object implements ``raftlog.txn.coordinator_service.PendingOffsets``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.server import Body, HandlerResult, RequestContext
+from raftlog.group.coordinator import DEAD, OFFSET_METADATA_MAX_BYTES, Group
+from raftlog.group.records import (
+    OffsetKey,
+    OffsetValue,
+    RecordFormatError,
+    decode_key,
+    decode_offset_value,
+)
+from raftlog.partition.batch import BatchHeader, build_batch, decode_records, parse_header
+from raftlog.partition.errors import PartitionLogError
+
+if TYPE_CHECKING:
+    from raftlog.group.service import GroupService
+
+__all__ = ["PendingTxnOffsets", "TxnOffsets"]
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+TRANSACTIONAL_BIT = 0x10
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+WRITE_TIMEOUT_S = 5.0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class PendingTxnOffsets:
+    """Pure bookkeeping: producer id → offsets partition → group → staged offsets."""
+
+    staged: dict[int, dict[int, dict[str, dict[TopicPartition, OffsetValue]]]] = \
+        field(default_factory=dict)
+
+    def stage(self, producer_id: int, index: int, group: str,
+              offsets: Mapping[TopicPartition, OffsetValue]) -> None:
+        by_group = self.staged.setdefault(producer_id, {}).setdefault(index, {})
+        by_group.setdefault(group, {}).update(offsets)
+
+    def resolve(self, producer_id: int, index: int
+                ) -> dict[str, dict[TopicPartition, OffsetValue]]:
+        """The offsets the producer staged on that partition, now no longer pending."""
+        partitions = self.staged.get(producer_id)
+        if partitions is None:
+            return {}
+        resolved = partitions.pop(index, {})
+        if not partitions:
+            del self.staged[producer_id]
+        return resolved
+
+    def drop_partition(self, index: int) -> None:
+        for producer_id in list(self.staged):
+            self.staged[producer_id].pop(index, None)
+            if not self.staged[producer_id]:
+                del self.staged[producer_id]
+
+    def has_pending(self, group: str, tp: TopicPartition | None = None) -> bool:
+        for partitions in self.staged.values():
+            for by_group in partitions.values():
+                offsets = by_group.get(group)
+                if offsets and (tp is None or tp in offsets):
+                    return True
+        return False
+
+    def pending_partitions(self, group: str) -> set[TopicPartition]:
+        out: set[TopicPartition] = set()
+        for partitions in self.staged.values():
+            for by_group in partitions.values():
+                out.update(by_group.get(group, {}))
+        return out
+
+
+def validate_txn_commit(group: Group | None, generation: int, member_id: str,
+                        instance_id: str | None,
+                        fenced: Callable[[Group, str, str | None], bool]) -> int:
+    """Kafka's ``validateOffsetCommit(..., isTransactional = true)`` (KIP-447)."""
+    if group is None:
+        return ErrorCode.NONE if generation < 0 and not member_id and instance_id is None \
+            else ErrorCode.ILLEGAL_GENERATION
+    if group.state == DEAD:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if generation >= 0 or member_id or instance_id is not None:
+        if fenced(group, member_id, instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
+        if member_id and member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+    return ErrorCode.NONE
+
+
+class TxnOffsets:
+    """TxnOffsetCommit, the pending offsets and their completion, for one group service."""
+
+    def __init__(self, service: GroupService) -> None:
+        self.service = service
+        self.pending = PendingTxnOffsets()
+
+    # -- the PendingOffsets seam (called by the transaction side) ---------------------------
+
+    def complete(self, producer_id: int, index: int, commit: bool) -> None:
+        """A COMMIT/ABORT marker of ``producer_id`` is replicated on offsets partition
+        ``index``: apply or drop what the producer staged there."""
+        resolved = self.pending.resolve(producer_id, index)
+        if commit:
+            now = _now_ms()
+            for group, offsets in resolved.items():
+                self.service.core.apply_commit(group, offsets, now)
+        if resolved:
+            log.debug("transactional offsets of producer %d on partition %d %s: %s",
+                      producer_id, index, "committed" if commit else "aborted",
+                      sorted(resolved))
+
+    def has_pending(self, group: str, tp: TopicPartition | None = None) -> bool:
+        return self.pending.has_pending(group, tp)
+
+    # -- replay (GroupService._load) -----------------------------------------------------------
+
+    def replay_batch(self, index: int, header: BatchHeader, batch: bytes | memoryview,
+                     from_offset: int) -> bool:
+        """Handle one transactional or control batch of the offsets log; False if it is a
+        plain batch the caller replays itself."""
+        if header.is_control:
+            for record in decode_records(bytes(batch), include_control=True):
+                if record.key is not None and len(record.key) >= 4:
+                    kind = int.from_bytes(record.key[2:4], "big", signed=True)
+                    if kind in (CONTROL_ABORT, CONTROL_COMMIT):
+                        self.complete(header.producer_id, index, kind == CONTROL_COMMIT)
+            return True
+        if not header.is_transactional:
+            return False
+        for record in decode_records(bytes(batch)):
+            if record.offset < from_offset or record.key is None or record.value is None:
+                continue
+            try:
+                key = decode_key(record.key)
+                if isinstance(key, OffsetKey):
+                    self.pending.stage(header.producer_id, index, key.group,
+                                       {(key.topic, key.partition):
+                                        decode_offset_value(record.value)})
+            except RecordFormatError as exc:
+                log.warning("skipping an unreadable transactional offsets record: %s", exc)
+        return True
+
+    def unload(self, index: int) -> None:
+        self.pending.drop_partition(index)
+
+    # -- TxnOffsetCommit ---------------------------------------------------------------------
+
+    def txn_offset_commit(self, ctx: RequestContext) -> HandlerResult:
+        from raftlog.group.service import OFFSETS_TOPIC, _commit_write_error
+
+        service = self.service
+        request = ctx.body
+        version = ctx.header.api_version
+        group_id = request.group_id
+        producer_id, epoch = request.producer_id, request.producer_epoch
+        results: dict[str, list[Body]] = {}
+        entries: list[Body] = []
+
+        def reply(tp: TopicPartition, code: int) -> Body:
+            entry = {"partition_index": tp[1], "error_code": int(code)}
+            results.setdefault(tp[0], []).append(entry)
+            return entry
+
+        def body() -> Body:
+            return {"throttle_time_ms": 0, "topics": [
+                {"name": name, "partitions": parts} for name, parts in results.items()]}
+
+        error = service._coordinator_error(group_id)
+        if not error and version >= 3:
+            error = validate_txn_commit(
+                service.core.groups.get(group_id), request.generation_id, request.member_id,
+                request.group_instance_id, service.core._fenced)
+        index = service.partition_of(group_id)
+        partition = service.manager.get(OFFSETS_TOPIC, index)
+        if not error and partition is not None:
+            error = self._check_producer(partition, producer_id, epoch, version, index)
+        image = service.quorum.image
+        valid: dict[TopicPartition, OffsetValue] = {}
+        now = _now_ms()
+        for topic in request.topics:
+            known = image.topics.get(topic.name)
+            for p in topic.partitions:
+                tp = (topic.name, p.partition_index)
+                metadata = p.committed_metadata or ""
+                if error:
+                    reply(tp, error)
+                elif known is None or not 0 <= p.partition_index < len(known.partitions):
+                    reply(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                    reply(tp, ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                else:
+                    entries.append(reply(tp, ErrorCode.NONE))
+                    leader_epoch = p.committed_leader_epoch if version >= 2 else -1
+                    valid[tp] = OffsetValue(p.committed_offset, leader_epoch, metadata, now)
+        if not valid or partition is None:
+            return body()
+
+        def fail(code: int) -> Body:
+            for entry in entries:
+                entry["error_code"] = int(code)
+            return body()
+
+        if partition.isr_size < partition.min_insync_replicas:
+            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        records = service.core.commit_records(group_id, valid)
+        batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=now,
+                            producer_id=producer_id, producer_epoch=epoch, base_sequence=-1,
+                            attributes=TRANSACTIONAL_BIT)
+        try:
+            info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
+                                        now_ms=now)
+        except PartitionLogError as exc:
+            log.info("TxnOffsetCommit for %r: %s", group_id, exc)
+            return fail(_commit_write_error(exc.error_code))
+        except OSError as exc:
+            log.warning("TxnOffsetCommit for %r: %s", group_id, exc)
+            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        partition.producers.commit_append(parse_header(batch), info.base_offset,
+                                          info.last_offset, now)
+        service.manager.note_append(partition)
+        # Staged at once: the record is in the log, and its marker decides its fate.
+        self.pending.stage(producer_id, index, group_id, valid)
+        generation = partition.leadership_generation
+        target = info.last_offset + 1
+
+        async def wait_until_written() -> Body:
+            deadline = trio.current_time() + WRITE_TIMEOUT_S
+            await partition.wait_until(
+                lambda: partition.high_watermark >= target or partition.deleted
+                or partition.leadership_generation != generation, deadline)
+            if partition.leadership_generation != generation or partition.deleted:
+                return fail(ErrorCode.NOT_COORDINATOR)
+            if partition.high_watermark < target:
+                return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            return body()
+
+        return wait_until_written
+
+    def _check_producer(self, partition: object, producer_id: int, epoch: int, version: int,
+                        index: int) -> int:
+        from raftlog.group.service import OFFSETS_TOPIC
+
+        if producer_id < 0 or epoch < 0:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        entry = partition.producers.get(producer_id)  # type: ignore[attr-defined]
+        if entry is not None and entry.epoch > epoch:
+            return ErrorCode.PRODUCER_FENCED if version >= 3 else \
+                ErrorCode.INVALID_PRODUCER_EPOCH
+        verifier = self.service.apis.txn_verifier
+        if verifier is not None:
+            refused = verifier(OFFSETS_TOPIC, index, producer_id, epoch)
+            if refused is not None:
+                code = refused[0]
+                if code == ErrorCode.INVALID_PRODUCER_EPOCH and version >= 3:
+                    return ErrorCode.PRODUCER_FENCED
+                return int(code)
+        return ErrorCode.NONE
+

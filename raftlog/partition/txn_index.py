@@ -1,0 +1,191 @@
+"""Transaction bookkeeping of one partition replica: open transactions (for the last stable
+offset) and the aborted-transaction index (for read_committed fetches). Pure, no trio.
+
+Kafka keeps, per partition, the first offset of every producer's open transaction
+(``ProducerStateManager.ongoingTxns``) and, per segment, a ``.txnindex`` of aborted
+transactions ``(producerId, firstOffset, lastOffset)`` where ``lastOffset`` is the ABORT
+marker's offset. The last stable offset (LSO) is ``min(HW, first offset of the oldest open
+transaction)``; a read_committed Fetch stops at the LSO and returns the aborted transactions
+that overlap the fetched range, so the consumer drops their batches.
+
+Here every batch written to the log (a leader's client append, a follower's replicated
+append, a marker written by the leader) is fed to ``observe`` by the log's append listener,
+so leaders and followers keep the same index, and a follower that becomes leader already
+knows the open transactions. The aborted entries are bucketed by the base offset of the
+segment holding the marker (Kafka's per-segment index); they are kept in memory and rebuilt
+by a header scan of the log when the partition opens or is truncated (control batches are
+the only batches whose records are read). Buckets of deleted segments are dropped.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from raftlog.partition.batch import (
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    build_batch,
+    decode_records,
+    parse_header,
+)
+
+if TYPE_CHECKING:
+    from raftlog.partition.log import PartitionLog
+
+__all__ = [
+    "ABORT",
+    "COMMIT",
+    "AbortedTxn",
+    "TxnIndex",
+    "build_marker",
+    "marker_type",
+    "rebuild_txn_index",
+]
+
+ABORT = 0
+COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+_MARKER_VALUE = struct.Struct(">hi")  # version, coordinatorEpoch
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the ABORT marker's offset
+
+
+def build_marker(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                 timestamp_ms: int) -> bytes:
+    """A COMMIT or ABORT control batch (Kafka's ``MemoryRecords.withEndTransactionMarker``):
+    transactional + control attributes, baseSequence -1, one record whose key is
+    ``(version 0, type)`` and value ``(version 0, coordinatorEpoch)``."""
+    key = _CONTROL_KEY.pack(0, COMMIT if commit else ABORT)
+    value = _MARKER_VALUE.pack(0, coordinator_epoch)
+    return build_batch([(key, value, ())], timestamp_ms=timestamp_ms, producer_id=producer_id,
+                       producer_epoch=producer_epoch, base_sequence=-1,
+                       attributes=TRANSACTIONAL_BIT | CONTROL_BIT)
+
+
+def marker_type(batch: bytes | bytearray | memoryview) -> int | None:
+    """COMMIT, ABORT or another control type (KRaft's) of one control batch; None if its key
+    cannot be read."""
+    try:
+        records = decode_records(batch, include_control=True)
+    except Exception:
+        return None
+    if len(records) != 1 or records[0].key is None or len(records[0].key) < 4:
+        return None
+    _, kind = _CONTROL_KEY.unpack_from(records[0].key)
+    return int(kind)
+
+
+@dataclass
+class TxnIndex:
+    """Open transactions and aborted transactions of one partition replica."""
+
+    # producer id -> first offset of its open transaction in this partition
+    ongoing: dict[int, int] = field(default_factory=dict)
+    # segment base offset -> aborted transactions whose marker is in that segment, in order
+    _aborted: dict[int, list[AbortedTxn]] = field(default_factory=dict)
+    _segment_bases: list[int] = field(default_factory=list)
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def observe(self, buf: bytes | bytearray | memoryview, headers: Sequence[BatchHeader],
+                segment_base: int) -> None:
+        """Fold in batches just written (``headers`` are the stored headers of ``buf``'s
+        batches, in order) into the segment starting at ``segment_base``."""
+        position = 0
+        for header in headers:
+            size = header.size_bytes
+            if header.is_transactional and header.producer_id >= 0:
+                if header.is_control:
+                    kind = marker_type(memoryview(buf)[position:position + size])
+                    self.end_transaction(header.producer_id, header.base_offset, kind,
+                                         segment_base)
+                else:
+                    self.ongoing.setdefault(header.producer_id, header.base_offset)
+            position += size
+
+    def end_transaction(self, producer_id: int, marker_offset: int, kind: int | None,
+                        segment_base: int) -> None:
+        first = self.ongoing.pop(producer_id, None)
+        if kind == ABORT and first is not None:
+            if not self._segment_bases or self._segment_bases[-1] < segment_base:
+                self._segment_bases.append(segment_base)
+            self._aborted.setdefault(segment_base, []).append(
+                AbortedTxn(producer_id, first, marker_offset))
+
+    def clear(self) -> None:
+        self.ongoing.clear()
+        self._aborted.clear()
+        self._segment_bases.clear()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the oldest open transaction, or None."""
+        return min(self.ongoing.values()) if self.ongoing else None
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        first = self.first_unstable_offset
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping ``[start, end)`` (Kafka's
+        ``collectAbortedTransactions``): marker at or after ``start``, first offset below
+        ``end``; ordered by first offset."""
+        found: list[AbortedTxn] = []
+        # Markers at or after `start` live in the segment containing `start` or later ones.
+        first_bucket = max(bisect_right(self._segment_bases, start) - 1, 0)
+        for base in self._segment_bases[first_bucket:]:
+            for txn in self._aborted.get(base, ()):
+                if txn.last_offset >= start and txn.first_offset < end:
+                    found.append(txn)
+        found.sort(key=lambda txn: txn.first_offset)
+        return found
+
+    def all_aborted(self) -> Iterable[AbortedTxn]:
+        for base in self._segment_bases:
+            yield from self._aborted.get(base, ())
+
+    # -- retention -------------------------------------------------------------------------
+
+    def drop_segments_below(self, live_bases: Sequence[int]) -> None:
+        """Forget the buckets of segments that no longer exist (retention deleted them)."""
+        oldest = live_bases[0] if live_bases else None
+        if oldest is None:
+            return
+        while self._segment_bases and self._segment_bases[0] < oldest:
+            self._aborted.pop(self._segment_bases.pop(0), None)
+
+
+def rebuild_txn_index(log: PartitionLog, chunk_bytes: int = 1 << 20) -> TxnIndex:
+    """Scan the whole log (headers; the records of control batches only) into a TxnIndex."""
+    index = TxnIndex()
+    bases = log.segment_base_offsets
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        with log.read(offset, chunk_bytes) as piece:
+            data = piece.read_bytes()
+        if not data:
+            raise ValueError(f"empty read at offset {offset} below the log end")
+        position = 0
+        while position + RECORD_BATCH_OVERHEAD <= len(data):
+            header = parse_header(data, position)
+            if position + header.size_bytes > len(data):
+                break
+            segment_base = bases[max(bisect_right(bases, header.base_offset) - 1, 0)]
+            index.observe(memoryview(data)[position:position + header.size_bytes], [header],
+                          segment_base)
+            position += header.size_bytes
+            offset = header.next_offset
+    return index

@@ -1,0 +1,305 @@
+"""The transaction coordinator's state machine: pure, synchronous, no I/O.
+
+One ``TxnMetadata`` per transactional id (Kafka's ``TransactionMetadata``), in the states of
+Kafka's ``TransactionState``::
+
+    Empty --AddPartitions--> Ongoing --EndTxn(commit)--> PrepareCommit --markers--> CompleteCommit
+                                     --EndTxn(abort)---> PrepareAbort  --markers--> CompleteAbort
+    Ongoing --InitProducerId (new incarnation) or transaction.timeout.ms--> PrepareAbort,
+              with the epoch bumped first, so the old incarnation is fenced
+    Complete*/Empty --InitProducerId--> Empty (epoch + 1; a new producer id once exhausted)
+    Dead: the transactional id expired (not produced by this coordinator yet)
+
+Each decision is a ``Transition``: the error for the client and, when the state changes, the
+new metadata the service must persist (to ``__transaction_state``, acks=all) *before* it
+applies it and answers. ``markers`` says the new state is a Prepare state whose COMMIT/ABORT
+markers the service must write to every partition of the transaction before completing.
+
+Errors follow Kafka's ``TransactionCoordinator``: an unknown transactional id or another
+producer id → INVALID_PRODUCER_ID_MAPPING (49); an epoch other than the current one →
+PRODUCER_FENCED (90) (the handlers turn it into INVALID_PRODUCER_EPOCH (47) for request
+versions that predate KIP-588); a request while markers are being written →
+CONCURRENT_TRANSACTIONS (51); an EndTxn that does not fit the state → INVALID_TXN_STATE (48).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from raftlog.fetch.errors import ErrorCode
+
+__all__ = [
+    "DEFAULT_TXN_TIMEOUT_MS",
+    "MAX_TXN_TIMEOUT_MS",
+    "Transition",
+    "TxnMetadata",
+    "TxnState",
+    "add_partitions",
+    "begin_timeout_abort",
+    "complete",
+    "decode_metadata",
+    "encode_metadata",
+    "end_txn",
+    "init_producer_id",
+    "partition_for",
+    "timed_out",
+]
+
+# transaction.max.timeout.ms (Kafka's default: 15 minutes).
+MAX_TXN_TIMEOUT_MS: Final = 900_000
+DEFAULT_TXN_TIMEOUT_MS: Final = 60_000
+# TransactionMetadata.isEpochExhausted: Short.MaxValue - 1.
+EPOCH_EXHAUSTED: Final = 2**15 - 2
+NO_PRODUCER_ID: Final = -1
+NO_EPOCH: Final = -1
+
+
+class TxnState(enum.Enum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+    DEAD = "Dead"
+
+    @property
+    def preparing(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TxnMetadata:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: TxnState
+    partitions: frozenset[TopicPartition] = frozenset()
+    txn_start_ms: int = -1
+    last_update_ms: int = -1
+    last_producer_epoch: int = NO_EPOCH
+    # Consumer groups whose offsets are part of the transaction (AddOffsetsToTxn).
+    groups: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Transition:
+    error: ErrorCode = ErrorCode.NONE
+    new: TxnMetadata | None = None  # persist, then apply
+    markers: bool = False  # new is a Prepare state: write markers, then complete
+
+    @property
+    def producer_id(self) -> int:
+        return self.new.producer_id if self.new is not None else NO_PRODUCER_ID
+
+    @property
+    def producer_epoch(self) -> int:
+        return self.new.producer_epoch if self.new is not None else NO_EPOCH
+
+
+def partition_for(transactional_id: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(transactionalId.hashCode) % partitions`` (Java String.hashCode
+    over UTF-16 code units), so ids map to the same partitions as in Kafka."""
+    h = 0
+    data = transactional_id.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    if h >= 2**31:
+        h -= 2**32
+    return (h & 0x7FFFFFFF if h == -(2**31) else abs(h)) % partitions
+
+
+def _fence(current: TxnMetadata, producer_id: int, epoch: int) -> ErrorCode | None:
+    if current.producer_id != producer_id:
+        return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    if epoch != current.producer_epoch:
+        return ErrorCode.PRODUCER_FENCED
+    return None
+
+
+def _bump(current: TxnMetadata, new_producer_id: Callable[[], int]) -> tuple[int, int]:
+    if current.producer_epoch >= EPOCH_EXHAUSTED:
+        return new_producer_id(), 0
+    return current.producer_id, current.producer_epoch + 1
+
+
+def init_producer_id(
+    current: TxnMetadata | None,
+    transactional_id: str,
+    timeout_ms: int,
+    expected_producer_id: int,
+    expected_epoch: int,
+    now_ms: int,
+    new_producer_id: Callable[[], int],
+    *,
+    max_timeout_ms: int = MAX_TXN_TIMEOUT_MS,
+) -> Transition:
+    """``TransactionCoordinator.handleInitProducerId`` for a transactional id."""
+    if not 0 < timeout_ms <= max_timeout_ms:
+        return Transition(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+    if current is None or current.state == TxnState.DEAD:
+        return Transition(new=TxnMetadata(
+            transactional_id, new_producer_id(), 0, timeout_ms, TxnState.EMPTY,
+            last_update_ms=now_ms))
+    if expected_producer_id != NO_PRODUCER_ID:
+        # KIP-360 (v3+): the producer says which incarnation it was. A retry of a bump that
+        # already happened is answered with the current id and epoch.
+        if (expected_producer_id == current.producer_id
+                and expected_epoch == current.last_producer_epoch
+                and current.state == TxnState.EMPTY):
+            return Transition(new=current)
+        if expected_producer_id != current.producer_id or \
+                expected_epoch != current.producer_epoch:
+            return Transition(ErrorCode.PRODUCER_FENCED)
+    if current.state.preparing:
+        return Transition(ErrorCode.CONCURRENT_TRANSACTIONS)
+    if current.state == TxnState.ONGOING:
+        # A new incarnation while the old one has a transaction open: fence the old epoch and
+        # abort; the client retries (CONCURRENT_TRANSACTIONS) until the abort completed.
+        producer_id, epoch = _bump(current, new_producer_id)
+        aborting = replace(current, producer_id=producer_id, producer_epoch=epoch,
+                           last_producer_epoch=current.producer_epoch,
+                           state=TxnState.PREPARE_ABORT, last_update_ms=now_ms)
+        return Transition(ErrorCode.CONCURRENT_TRANSACTIONS, new=aborting, markers=True)
+    producer_id, epoch = _bump(current, new_producer_id)
+    return Transition(new=replace(
+        current, producer_id=producer_id, producer_epoch=epoch,
+        last_producer_epoch=current.producer_epoch if producer_id == current.producer_id
+        else NO_EPOCH, timeout_ms=timeout_ms, state=TxnState.EMPTY, partitions=frozenset(),
+        groups=frozenset(), txn_start_ms=-1, last_update_ms=now_ms))
+
+
+def add_partitions(
+    current: TxnMetadata | None,
+    producer_id: int,
+    epoch: int,
+    partitions: Iterable[TopicPartition] = (),
+    now_ms: int = 0,
+    *,
+    groups: Iterable[str] = (),
+) -> Transition:
+    """AddPartitionsToTxn (and AddOffsetsToTxn, which adds a group): the transaction is
+    Ongoing afterwards and lists the partitions."""
+    if current is None:
+        return Transition(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    fenced = _fence(current, producer_id, epoch)
+    if fenced is not None:
+        return Transition(fenced)
+    if current.state.preparing:
+        return Transition(ErrorCode.CONCURRENT_TRANSACTIONS)
+    if current.state == TxnState.DEAD:
+        return Transition(ErrorCode.INVALID_TXN_STATE)
+    wanted = frozenset(partitions)
+    wanted_groups = frozenset(groups)
+    if current.state == TxnState.ONGOING and wanted <= current.partitions \
+            and wanted_groups <= current.groups:
+        return Transition()  # nothing new: no write
+    starting = current.state != TxnState.ONGOING
+    return Transition(new=replace(
+        current, state=TxnState.ONGOING,
+        partitions=(frozenset() if starting else current.partitions) | wanted,
+        groups=(frozenset() if starting else current.groups) | wanted_groups,
+        txn_start_ms=now_ms if starting else current.txn_start_ms, last_update_ms=now_ms))
+
+
+def end_txn(current: TxnMetadata | None, producer_id: int, epoch: int, commit: bool,
+            now_ms: int) -> Transition:
+    """EndTxn: Ongoing → Prepare*, whose markers the service then writes."""
+    if current is None:
+        return Transition(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    fenced = _fence(current, producer_id, epoch)
+    if fenced is not None:
+        return Transition(fenced)
+    state = current.state
+    if state == TxnState.ONGOING:
+        target = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        return Transition(new=replace(current, state=target, last_update_ms=now_ms),
+                          markers=True)
+    if (state == TxnState.COMPLETE_COMMIT and commit) or \
+            (state == TxnState.COMPLETE_ABORT and not commit):
+        return Transition()  # a retry of an EndTxn that already completed
+    if (state == TxnState.PREPARE_COMMIT and commit) or \
+            (state == TxnState.PREPARE_ABORT and not commit):
+        return Transition(ErrorCode.CONCURRENT_TRANSACTIONS)
+    return Transition(ErrorCode.INVALID_TXN_STATE)
+
+
+def complete(current: TxnMetadata, now_ms: int) -> TxnMetadata:
+    """Prepare* → Complete* once every marker is written."""
+    assert current.state.preparing, current
+    target = TxnState.COMPLETE_COMMIT if current.state == TxnState.PREPARE_COMMIT \
+        else TxnState.COMPLETE_ABORT
+    return replace(current, state=target, partitions=frozenset(), groups=frozenset(),
+                   last_update_ms=now_ms)
+
+
+def timed_out(current: TxnMetadata, now_ms: int) -> bool:
+    return current.state == TxnState.ONGOING and \
+        now_ms - current.txn_start_ms > current.timeout_ms
+
+
+def begin_timeout_abort(current: TxnMetadata, now_ms: int,
+                        new_producer_id: Callable[[], int]) -> Transition:
+    """``abortTimedOutTransactions``: bump the epoch (fencing the producer) and abort."""
+    producer_id, epoch = _bump(current, new_producer_id)
+    return Transition(new=replace(
+        current, producer_id=producer_id, producer_epoch=epoch,
+        last_producer_epoch=current.producer_epoch, state=TxnState.PREPARE_ABORT,
+        last_update_ms=now_ms), markers=True)
+
+
+# -- the __transaction_state record value -------------------------------------------------------
+
+def encode_metadata(metadata: TxnMetadata) -> bytes:
+    value: dict[str, Any] = {
+        "v": 0,
+        "producer_id": metadata.producer_id,
+        "producer_epoch": metadata.producer_epoch,
+        "last_producer_epoch": metadata.last_producer_epoch,
+        "timeout_ms": metadata.timeout_ms,
+        "state": metadata.state.value,
+        "partitions": sorted([t, p] for t, p in metadata.partitions),
+        "groups": sorted(metadata.groups),
+        "txn_start_ms": metadata.txn_start_ms,
+        "last_update_ms": metadata.last_update_ms,
+    }
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode_metadata(transactional_id: str, data: bytes) -> TxnMetadata:
+    value = json.loads(data)
+    return TxnMetadata(
+        transactional_id=transactional_id,
+        producer_id=int(value["producer_id"]),
+        producer_epoch=int(value["producer_epoch"]),
+        timeout_ms=int(value["timeout_ms"]),
+        state=TxnState(value["state"]),
+        partitions=frozenset((str(t), int(p)) for t, p in value["partitions"]),
+        txn_start_ms=int(value["txn_start_ms"]),
+        last_update_ms=int(value["last_update_ms"]),
+        last_producer_epoch=int(value.get("last_producer_epoch", NO_EPOCH)),
+        groups=frozenset(value.get("groups", ())),
+    )
+
+
+@dataclass
+class CoordinatorPartitionState:
+    """The transactions of one ``__transaction_state`` partition this node leads."""
+
+    partition: int
+    coordinator_epoch: int
+    txns: dict[str, TxnMetadata] = field(default_factory=dict)
+
+    def by_producer_id(self, producer_id: int) -> TxnMetadata | None:
+        for metadata in self.txns.values():
+            if metadata.producer_id == producer_id:
+                return metadata
+        return None

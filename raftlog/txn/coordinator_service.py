@@ -1,0 +1,649 @@
+"""The transaction coordinator's trio shell (Kafka's ``TransactionCoordinator`` +
+``TransactionStateManager`` + ``TransactionMarkerChannelManager``).
+
+* **Where state lives.** The internal topic ``__transaction_state`` (created on first use with
+  ``TxnSettings.num_partitions`` partitions, replication factor min(3, live brokers),
+  ``min.insync.replicas`` min(2, RF)). A transactional id belongs to partition
+  ``abs(javaHash(id)) % partitions``; its coordinator is that partition's leader. Every state
+  change is one record (key: the transactional id, value: JSON of ``TxnMetadata``) appended
+  through the partition's normal leader append and acknowledged only once the high watermark
+  passed it (acks=all); only then is the in-memory state changed and the client answered.
+* **Leadership.** ``run`` watches the local replicas of ``__transaction_state``: when this node
+  becomes leader of one (or its leader epoch changes) the partition's whole log is replayed
+  into memory (the last record of each id wins) and requests for its ids get
+  COORDINATOR_LOAD_IN_PROGRESS meanwhile; transactions found in a Prepare state get their
+  markers written and are completed. When leadership moves away, the state is dropped and
+  requests get NOT_COORDINATOR. The coordinator epoch is the partition's leader epoch.
+* **Markers.** For a Prepare state, a COMMIT/ABORT control batch is written to every partition
+  of the transaction by its leader: locally, or with the internal WriteTxnMarkers (27) RPC
+  over the Kafka listener. Failures are retried (with the current leader from the metadata
+  image) until every partition has its marker or this node stops being the coordinator;
+  then the Complete state is persisted.
+* **Timeouts.** Every ``abort_check_interval_s`` the transactions open for longer than their
+  ``transaction.timeout.ms`` are aborted with the epoch bumped (the producer is fenced).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import trio
+
+from raftlog.fetch.client import KafkaClientError, KafkaConnection
+from raftlog.fetch.coordinator_apis import CoordinatorLocation
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas_txn import WRITE_TXN_MARKERS
+from raftlog.fetch.server import Body
+from raftlog.metadata.image import NO_LEADER, MetadataImage
+from raftlog.metadata.quorum import Quorum
+from raftlog.partition.batch import build_batch, decode_records, parse_header
+from raftlog.partition.errors import PartitionLogError
+from raftlog.partition.manager import Partition, PartitionManager, now_ms
+from raftlog.partition.txn_index import build_marker
+from raftlog.txn import coordinator as core
+from raftlog.txn.coordinator import (
+    CoordinatorPartitionState,
+    Transition,
+    TxnMetadata,
+    TxnState,
+)
+
+__all__ = [
+    "TXN_TOPIC",
+    "CoordinatorLookup",
+    "PendingOffsets",
+    "TxnCoordinatorService",
+    "TxnSettings",
+]
+
+log = logging.getLogger(__name__)
+
+TXN_TOPIC: Final = "__transaction_state"
+OFFSETS_TOPIC: Final = "__consumer_offsets"  # raftlog.group.service.OFFSETS_TOPIC
+TRANSACTIONAL_ID_NOT_FOUND: Final = 105  # not in raftlog.fetch.errors.ErrorCode
+PERSIST_TIMEOUT_S: Final = 10.0
+MARKER_RETRY_S: Final = 0.2
+WATCH_INTERVAL_S: Final = 0.1
+RPC_TIMEOUT_S: Final = 10.0
+
+# (error, node_id, host, port) of the coordinator for a key.
+CoordinatorLookup = tuple[int, int, str, int]
+CreateTopic = Callable[[Mapping[str, Any]], Any]
+
+
+class PendingOffsets(Protocol):
+    """The seam to the group coordinator for offsets in transactions (KIP-98/447), implemented
+    by ``raftlog.group.txn_offsets.TxnOffsets``. TxnOffsetCommit (a group API) writes the
+    offsets to the group's ``__consumer_offsets`` partition as transactional records of the
+    producer and stages them; AddOffsetsToTxn added that partition to the transaction, so
+    its COMMIT/ABORT marker is written there like on any other partition, and
+    ``append_marker`` (run by the partition's leader, which is the group's coordinator) calls
+    ``complete`` once the marker is replicated."""
+
+    def complete(self, producer_id: int, index: int, commit: bool) -> None: ...
+
+    def has_pending(self, group: str, tp: tuple[str, int] | None = None) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TxnSettings:
+    # transaction.state.log.num.partitions: Kafka defaults to 50; 10 keeps a laptop cluster light.
+    num_partitions: int = 10
+    replication_factor: int = 3  # transaction.state.log.replication.factor (capped)
+    min_isr: int = 2  # transaction.state.log.min.isr (capped at the RF)
+    max_timeout_ms: int = core.MAX_TXN_TIMEOUT_MS  # transaction.max.timeout.ms
+    abort_check_interval_s: float = 1.0  # ...abort.timed.out.transaction.cleanup.interval.ms
+
+
+class NotCoordinatorError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class TxnCoordinatorService:
+    """Transaction coordinator of one node for the ``__transaction_state`` partitions it
+    leads, plus the partition-leader side of markers (``append_marker``)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        quorum: Quorum,
+        manager: PartitionManager,
+        next_producer_id: Callable[[], Any],
+        create_topic: CreateTopic | None = None,
+        settings: TxnSettings | None = None,
+        pending_offsets: PendingOffsets | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.pending_offsets = pending_offsets
+        self.quorum = quorum
+        self.manager = manager
+        self._next_producer_id = next_producer_id  # async () -> int
+        self._create_topic = create_topic
+        self.settings = settings or TxnSettings()
+        self.owned: dict[int, CoordinatorPartitionState] = {}
+        self._loading: set[int] = set()
+        self._locks: dict[int, trio.Lock] = {}
+        self._completing: set[str] = set()
+        self._nursery: trio.Nursery | None = None
+        self._connections: dict[int, KafkaConnection] = {}
+        self._creating = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._watch_leadership)
+                nursery.start_soon(self._abort_timed_out)
+                task_status.started()
+        finally:
+            for connection in self._connections.values():
+                with trio.CancelScope(shield=True):
+                    await connection.aclose()
+            self._connections.clear()
+
+    async def _watch_leadership(self) -> None:
+        while True:
+            self._sync_ownership()
+            await trio.sleep(WATCH_INTERVAL_S)
+
+    def _sync_ownership(self) -> None:
+        for index, state in list(self.owned.items()):
+            partition = self.manager.get(TXN_TOPIC, index)
+            if partition is None or not partition.is_leader or \
+                    partition.leader_epoch != state.coordinator_epoch:
+                log.info("no longer transaction coordinator for %s-%d", TXN_TOPIC, index)
+                del self.owned[index]
+        for (topic, index), partition in list(self.manager.partitions.items()):
+            if topic != TXN_TOPIC or not partition.is_leader or index in self._loading:
+                continue
+            if index in self.owned:
+                continue
+            self._loading.add(index)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._load, index, partition)
+
+    async def _load(self, index: int, partition: Partition) -> None:
+        try:
+            epoch = partition.leader_epoch
+            txns = await trio.to_thread.run_sync(_replay, partition)
+            if not partition.is_leader or partition.leader_epoch != epoch:
+                return
+            state = CoordinatorPartitionState(index, epoch, txns)
+            self.owned[index] = state
+            log.info("transaction coordinator for %s-%d (epoch %d): %d transactional ids",
+                     TXN_TOPIC, index, epoch, len(txns))
+            for metadata in txns.values():
+                if metadata.state.preparing:
+                    self._spawn_completion(state, metadata)
+        except Exception:
+            log.exception("loading %s-%d failed", TXN_TOPIC, index)
+        finally:
+            self._loading.discard(index)
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def _txn_partition_count(self, image: MetadataImage) -> int | None:
+        topic = image.topics.get(TXN_TOPIC)
+        return None if topic is None else len(topic.partitions)
+
+    async def find_coordinator(self, transactional_id: str) -> CoordinatorLookup:
+        """FindCoordinator key_type 1: the leader of the id's partition, creating the topic
+        on first use."""
+        image = self.quorum.image
+        count = self._txn_partition_count(image)
+        if count is None:
+            await self._ensure_topic()
+            image = self.quorum.image
+            count = self._txn_partition_count(image)
+            if count is None:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1
+        index = core.partition_for(transactional_id, count)
+        leader = image.topics[TXN_TOPIC].partitions[index].leader
+        broker = image.brokers.get(leader)
+        if leader == NO_LEADER or broker is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1
+        return ErrorCode.NONE, leader, broker.host, broker.port
+
+    def locate(self, transactional_id: str) -> CoordinatorLocation:
+        """The synchronous lookup of ``raftlog.fetch.coordinator_apis``: creating the topic
+        starts in the background and COORDINATOR_NOT_AVAILABLE is answered meanwhile."""
+        image = self.quorum.image
+        count = self._txn_partition_count(image)
+        if count is None:
+            if self._nursery is not None and not self._creating:
+                self._nursery.start_soon(self._ensure_topic)
+            return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                       message=f"creating {TXN_TOPIC}")
+        index = core.partition_for(transactional_id, count)
+        leader = image.topics[TXN_TOPIC].partitions[index].leader
+        broker = image.brokers.get(leader)
+        if leader == NO_LEADER or broker is None:
+            return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                       message=f"{TXN_TOPIC}-{index} has no leader")
+        return CoordinatorLocation(ErrorCode.NONE, leader, broker.host, broker.port)
+
+    async def _ensure_topic(self) -> None:
+        if self._create_topic is None or self._creating:
+            return
+        self._creating = True
+        try:
+            live = len(list(self.quorum.image.live_broker_ids()))
+            rf = max(1, min(self.settings.replication_factor, live))
+            body = {"topics": [{
+                "name": TXN_TOPIC, "num_partitions": self.settings.num_partitions,
+                "replication_factor": rf, "assignments": [],
+                "configs": [{"name": "min.insync.replicas",
+                             "value": str(min(self.settings.min_isr, rf))}]}],
+                "timeout_ms": 10_000, "validate_only": False}
+            try:
+                await self._create_topic(body)
+            except Exception as exc:
+                log.warning("creating %s failed: %s", TXN_TOPIC, exc)
+        finally:
+            self._creating = False
+
+    def _owned_for(self, transactional_id: str) -> CoordinatorPartitionState:
+        count = self._txn_partition_count(self.quorum.image)
+        if count is None:
+            raise NotCoordinatorError(ErrorCode.NOT_COORDINATOR)
+        index = core.partition_for(transactional_id, count)
+        if index in self._loading:
+            raise NotCoordinatorError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        state = self.owned.get(index)
+        partition = self.manager.get(TXN_TOPIC, index)
+        if state is None or partition is None or not partition.is_leader or \
+                partition.leader_epoch != state.coordinator_epoch:
+            if partition is not None and partition.is_leader:
+                raise NotCoordinatorError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+            raise NotCoordinatorError(ErrorCode.NOT_COORDINATOR)
+        return state
+
+    def _lock(self, index: int) -> trio.Lock:
+        return self._locks.setdefault(index, trio.Lock())
+
+    def describe(self, transactional_id: str) -> TxnMetadata | None:
+        try:
+            return self._owned_for(transactional_id).txns.get(transactional_id)
+        except NotCoordinatorError:
+            return None
+
+    def all_transactions(self) -> list[TxnMetadata]:
+        return [m for state in self.owned.values() for m in state.txns.values()]
+
+    def loading(self) -> bool:
+        return bool(self._loading)
+
+    def describe_error(self, transactional_id: str) -> tuple[int, TxnMetadata | None]:
+        """DescribeTransactions: (error, metadata) for one id."""
+        try:
+            state = self._owned_for(transactional_id)
+        except NotCoordinatorError as exc:
+            return exc.code, None
+        metadata = state.txns.get(transactional_id)
+        if metadata is None or metadata.state == TxnState.DEAD:
+            return TRANSACTIONAL_ID_NOT_FOUND, None
+        return ErrorCode.NONE, metadata
+
+    # -- client requests -----------------------------------------------------------------------
+
+    async def init_producer_id(self, transactional_id: str, timeout_ms: int,
+                               producer_id: int, producer_epoch: int) -> tuple[int, int, int]:
+        """(error, producer id, epoch)."""
+        try:
+            state = self._owned_for(transactional_id)
+        except NotCoordinatorError as exc:
+            return exc.code, -1, -1
+        current = state.txns.get(transactional_id)
+        spare: int | None = None
+        if current is None or current.producer_epoch >= core.EPOCH_EXHAUSTED - 1:
+            try:
+                spare = await self._next_producer_id()
+            except Exception as exc:
+                log.warning("InitProducerId(%r): no producer id: %s", transactional_id, exc)
+                return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, -1, -1
+
+        def new_id() -> int:
+            assert spare is not None, "a producer id was allocated up front"
+            return spare
+
+        async with self._lock(state.partition):
+            try:
+                state = self._owned_for(transactional_id)
+            except NotCoordinatorError as exc:
+                return exc.code, -1, -1
+            current = state.txns.get(transactional_id)
+            if spare is None and (current is None or
+                                  current.producer_epoch >= core.EPOCH_EXHAUSTED - 1):
+                return ErrorCode.CONCURRENT_TRANSACTIONS, -1, -1  # raced: the client retries
+            transition = core.init_producer_id(
+                current, transactional_id, timeout_ms, producer_id, producer_epoch, now_ms(),
+                new_id, max_timeout_ms=self.settings.max_timeout_ms)
+            error = await self._apply(state, transition)
+        if error:
+            return error, -1, -1
+        if transition.error:
+            return transition.error, -1, -1
+        return ErrorCode.NONE, transition.producer_id, transition.producer_epoch
+
+    async def add_partitions(self, transactional_id: str, producer_id: int, epoch: int,
+                             partitions: list[tuple[str, int]], groups: tuple[str, ...] = ()
+                             ) -> int:
+        try:
+            state = self._owned_for(transactional_id)
+        except NotCoordinatorError as exc:
+            return exc.code
+        async with self._lock(state.partition):
+            try:
+                state = self._owned_for(transactional_id)
+            except NotCoordinatorError as exc:
+                return exc.code
+            transition = core.add_partitions(state.txns.get(transactional_id), producer_id,
+                                             epoch, partitions, now_ms(), groups=groups)
+            error = await self._apply(state, transition)
+        return error or transition.error
+
+    async def end_txn(self, transactional_id: str, producer_id: int, epoch: int,
+                      commit: bool) -> int:
+        try:
+            state = self._owned_for(transactional_id)
+        except NotCoordinatorError as exc:
+            return exc.code
+        async with self._lock(state.partition):
+            try:
+                state = self._owned_for(transactional_id)
+            except NotCoordinatorError as exc:
+                return exc.code
+            transition = core.end_txn(state.txns.get(transactional_id), producer_id, epoch,
+                                      commit, now_ms())
+            error = await self._apply(state, transition)
+        return error or transition.error
+
+    async def _apply(self, state: CoordinatorPartitionState, transition: Transition) -> int:
+        """Persist ``transition.new`` (acks=all), apply it, start markers if it asks."""
+        new = transition.new
+        if new is None or state.txns.get(new.transactional_id) is new:
+            return ErrorCode.NONE
+        error = await self._persist(state, new)
+        if error:
+            return error
+        if transition.markers:
+            self._spawn_completion(state, new)
+        return ErrorCode.NONE
+
+    async def _persist(self, state: CoordinatorPartitionState, metadata: TxnMetadata) -> int:
+        partition = self.manager.get(TXN_TOPIC, state.partition)
+        if partition is None or not partition.is_leader or \
+                partition.leader_epoch != state.coordinator_epoch:
+            return ErrorCode.NOT_COORDINATOR
+        if partition.isr_size < partition.min_insync_replicas:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        batch = build_batch([(metadata.transactional_id.encode(),
+                              core.encode_metadata(metadata), ())], timestamp_ms=now_ms())
+        try:
+            info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
+                                        now_ms=now_ms())
+        except (PartitionLogError, OSError) as exc:
+            log.warning("cannot persist transaction %r: %s", metadata.transactional_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        self.manager.note_append(partition)
+        generation = partition.leadership_generation
+        target = info.last_offset + 1
+        deadline = trio.current_time() + PERSIST_TIMEOUT_S
+        await partition.wait_until(
+            lambda: partition.high_watermark >= target or partition.deleted
+            or partition.leadership_generation != generation, deadline)
+        if partition.leadership_generation != generation or partition.deleted:
+            return ErrorCode.NOT_COORDINATOR
+        if partition.high_watermark < target:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        state.txns[metadata.transactional_id] = metadata
+        return ErrorCode.NONE
+
+    # -- markers and completion ----------------------------------------------------------------
+
+    def _spawn_completion(self, state: CoordinatorPartitionState, metadata: TxnMetadata) -> None:
+        if metadata.transactional_id in self._completing or self._nursery is None:
+            return
+        self._completing.add(metadata.transactional_id)
+        self._nursery.start_soon(self._complete, state, metadata)
+
+    async def _complete(self, state: CoordinatorPartitionState, metadata: TxnMetadata) -> None:
+        txn_id = metadata.transactional_id
+        try:
+            commit = metadata.state == TxnState.PREPARE_COMMIT
+            pending = set(metadata.partitions)
+            while pending:
+                if self.owned.get(state.partition) is not state:
+                    return  # the next coordinator resumes from the log
+                pending = await self._send_markers(metadata, commit, state.coordinator_epoch,
+                                                   pending)
+                if pending:
+                    await trio.sleep(MARKER_RETRY_S)
+            while True:
+                if self.owned.get(state.partition) is not state or \
+                        state.txns.get(txn_id) is not metadata:
+                    return
+                async with self._lock(state.partition):
+                    if state.txns.get(txn_id) is not metadata:
+                        return
+                    error = await self._persist(state, core.complete(metadata, now_ms()))
+                if not error:
+                    log.info("transaction %r (producer %d, epoch %d) %s", txn_id,
+                             metadata.producer_id, metadata.producer_epoch,
+                             "committed" if commit else "aborted")
+                    return
+                if error == ErrorCode.NOT_COORDINATOR:
+                    return
+                await trio.sleep(MARKER_RETRY_S)
+        finally:
+            self._completing.discard(txn_id)
+
+    async def _send_markers(self, metadata: TxnMetadata, commit: bool, coordinator_epoch: int,
+                            pending: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """One round: every pending partition's marker to its current leader; the ones that
+        still need one are returned."""
+        image = self.quorum.image
+        by_leader: dict[int, list[tuple[str, int]]] = {}
+        for topic, index in sorted(pending):
+            known = image.topics.get(topic)
+            if known is None or index >= len(known.partitions):
+                continue  # deleted: nothing to mark
+            by_leader.setdefault(known.partitions[index].leader, []).append((topic, index))
+        left: set[tuple[str, int]] = set()
+        for leader, partitions in by_leader.items():
+            if leader == NO_LEADER:
+                left.update(partitions)
+            elif leader == self.node_id:
+                for topic, index in partitions:
+                    code = await self.append_marker(topic, index, metadata.producer_id,
+                                                    metadata.producer_epoch, commit,
+                                                    coordinator_epoch)
+                    if _marker_retriable(code):
+                        left.add((topic, index))
+            else:
+                left.update(await self._remote_markers(leader, metadata, commit,
+                                                       coordinator_epoch, partitions))
+        return left
+
+    async def _remote_markers(self, leader: int, metadata: TxnMetadata, commit: bool,
+                              coordinator_epoch: int, partitions: list[tuple[str, int]]
+                              ) -> set[tuple[str, int]]:
+        topics: dict[str, list[int]] = {}
+        for topic, index in partitions:
+            topics.setdefault(topic, []).append(index)
+        body = {"markers": [{
+            "producer_id": metadata.producer_id, "producer_epoch": metadata.producer_epoch,
+            "transaction_result": commit, "coordinator_epoch": coordinator_epoch,
+            "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()]}]}
+        try:
+            connection = await self._connection(leader)
+            response = await connection.request(WRITE_TXN_MARKERS, body, version=1,
+                                                timeout_s=RPC_TIMEOUT_S)
+        except (KafkaClientError, OSError) as exc:
+            log.info("WriteTxnMarkers to node %d failed: %s", leader, exc)
+            stale = self._connections.pop(leader, None)
+            if stale is not None:
+                await stale.aclose()
+            return set(partitions)
+        left: set[tuple[str, int]] = set()
+        for marker in response.markers:
+            for topic in marker.topics:
+                for result in topic.partitions:
+                    if _marker_retriable(result.error_code):
+                        left.add((topic.name, result.partition_index))
+        return left
+
+    async def _connection(self, node_id: int) -> KafkaConnection:
+        connection = self._connections.get(node_id)
+        if connection is None:
+            broker = self.quorum.image.brokers.get(node_id)
+            if broker is None:
+                raise KafkaClientError(f"node {node_id} is not registered")
+            connection = await KafkaConnection.connect(broker.host, broker.port,
+                                                       client_id=f"txn-coordinator-{self.node_id}")
+            self._connections[node_id] = connection
+        return connection
+
+    # -- partition leader side -----------------------------------------------------------------
+
+    async def append_marker(self, topic: str, index: int, producer_id: int, epoch: int,
+                            commit: bool, coordinator_epoch: int) -> int:
+        """Write one COMMIT/ABORT marker as this partition's leader; wait for acks=all."""
+        partition = self.manager.get(topic, index)
+        if partition is None:
+            known = self.quorum.image.topics.get(topic)
+            if known is None or index >= len(known.partitions):
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if not partition.is_leader:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        entry = partition.producers.get(producer_id)
+        if entry is not None and entry.epoch > epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH  # a stale marker: the producer moved on
+        batch = build_marker(producer_id, epoch, commit, coordinator_epoch, now_ms())
+        try:
+            info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
+                                        now_ms=now_ms(), allow_control=True)
+        except PartitionLogError as exc:
+            log.warning("marker for producer %d on %s-%d: %s", producer_id, topic, index, exc)
+            return exc.error_code
+        except OSError as exc:
+            log.warning("marker for producer %d on %s-%d: %s", producer_id, topic, index, exc)
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        partition.producers.commit_append(parse_header(batch), info.base_offset,
+                                          info.last_offset, now_ms())
+        self.manager.note_append(partition)
+        generation = partition.leadership_generation
+        target = info.last_offset + 1
+        deadline = trio.current_time() + PERSIST_TIMEOUT_S
+        await partition.wait_until(
+            lambda: partition.high_watermark >= target or partition.deleted
+            or partition.leadership_generation != generation, deadline)
+        if partition.leadership_generation != generation or partition.deleted:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if partition.high_watermark < target:
+            return ErrorCode.REQUEST_TIMED_OUT
+        if topic == OFFSETS_TOPIC and self.pending_offsets is not None:
+            self.pending_offsets.complete(producer_id, index, commit)
+        return ErrorCode.NONE
+
+    def verify_transactional_produce(self, topic: str, index: int, producer_id: int,
+                                     epoch: int) -> tuple[int, str] | None:
+        """KIP-890 part 1 on the produce path: a transactional batch must belong to an
+        Ongoing transaction of that producer and epoch that lists this partition. Checked
+        against the local coordinator; when the id's coordinator is another node (a cluster)
+        only the partition's own producer state is checked (see the report)."""
+        for state in self.owned.values():
+            metadata = state.by_producer_id(producer_id)
+            if metadata is None:
+                continue
+            if metadata.producer_epoch != epoch:
+                return (ErrorCode.INVALID_PRODUCER_EPOCH,
+                        f"producer {producer_id}: epoch {epoch} is not the transaction's "
+                        f"current epoch {metadata.producer_epoch}")
+            if metadata.state != TxnState.ONGOING or \
+                    (topic, index) not in metadata.partitions:
+                return (ErrorCode.INVALID_TXN_STATE,
+                        f"{topic}-{index} was not added to the transaction of producer "
+                        f"{producer_id} (AddPartitionsToTxn first)")
+            return None
+        image = self.quorum.image
+        known = image.topics.get(TXN_TOPIC)
+        if known is not None and any(p.leader != self.node_id for p in known.partitions):
+            return None  # the coordinator may be elsewhere
+        return (ErrorCode.INVALID_TXN_STATE,
+                f"producer {producer_id} has no ongoing transaction")
+
+    async def _abort_timed_out(self) -> None:
+        while True:
+            await trio.sleep(self.settings.abort_check_interval_s)
+            now = now_ms()
+            for state in list(self.owned.values()):
+                for metadata in list(state.txns.values()):
+                    if core.timed_out(metadata, now):
+                        await self._abort_one(state, metadata)
+
+    async def _abort_one(self, state: CoordinatorPartitionState, metadata: TxnMetadata) -> None:
+        spare: int | None = None
+        if metadata.producer_epoch >= core.EPOCH_EXHAUSTED - 1:
+            try:
+                spare = await self._next_producer_id()
+            except Exception:
+                return
+        async with self._lock(state.partition):
+            if state.txns.get(metadata.transactional_id) is not metadata or \
+                    self.owned.get(state.partition) is not state:
+                return
+            log.info("aborting transaction %r (producer %d): open for more than %d ms",
+                     metadata.transactional_id, metadata.producer_id, metadata.timeout_ms)
+            transition = core.begin_timeout_abort(metadata, now_ms(),
+                                                  lambda: spare if spare is not None else -1)
+            await self._apply(state, transition)
+
+
+def _marker_retriable(code: int) -> bool:
+    # Deleted partitions and stale epochs need no marker; everything else is retried.
+    return code not in (ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        ErrorCode.INVALID_PRODUCER_EPOCH)
+
+
+def _replay(partition: Partition) -> dict[str, TxnMetadata]:
+    """Every record of a ``__transaction_state`` partition, the last per id winning."""
+    txns: dict[str, TxnMetadata] = {}
+    log_ = partition.log
+    offset = log_.log_start_offset
+    end = log_.log_end_offset
+    while offset < end:
+        with log_.read(offset, 1 << 20) as piece:
+            data = piece.read_bytes()
+        if not data:
+            break
+        for record in decode_records(data):
+            if record.offset < offset or record.key is None:
+                continue
+            txn_id = record.key.decode()
+            if record.value is None:
+                txns.pop(txn_id, None)
+            else:
+                txns[txn_id] = core.decode_metadata(txn_id, record.value)
+        next_offset = offset
+        position = 0
+        while position < len(data):
+            header = parse_header(data, position)
+            next_offset = header.next_offset
+            position += header.size_bytes
+        offset = max(next_offset, offset + 1)
+    return txns
+
+
+def error_body(code: int) -> Body:
+    return {"throttle_time_ms": 0, "error_code": int(code)}
+
