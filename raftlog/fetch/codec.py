@@ -641,11 +641,20 @@ def _compiled_body(api: Api, version: int, is_request: bool) -> _Compiled:
     return _compile_struct(tuple(fields), version, api.is_flexible(version))
 
 
-def decode(api: Api, version: int, buf: memoryview | bytes, *, is_request: bool = True) -> Struct:
-    """Decodes a request (or response) body at ``version``; trailing bytes are an error."""
+def decode(
+    api: Api,
+    version: int,
+    buf: memoryview | bytes,
+    *,
+    is_request: bool = True,
+    allow_trailing: bool = False,
+) -> Struct:
+    """Decodes a request (or response) body at ``version``; trailing bytes are an error
+    unless ``allow_trailing`` (the broker's choice: Kafka's own parser ignores them, and
+    librdkafka 2.x sends a few extra bytes in its all-topics flexible Metadata request)."""
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     value, pos = _struct_reader(_compiled_body(api, version, is_request))(view, 0)
-    if pos != len(view):
+    if pos != len(view) and not allow_trailing:
         raise DecodeError(f"{len(view) - pos} trailing bytes after {api.name} v{version}")
     assert isinstance(value, Struct)
     return value

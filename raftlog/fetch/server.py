@@ -158,7 +158,7 @@ def _dispatch(
         raise ConnectionClosed(f"unsupported {api.name} version {version}")
     try:
         header, pos = codec.decode_request_header(frame, api.is_flexible(version))
-        body = codec.decode(api, version, frame[pos:], is_request=True)
+        body = codec.decode(api, version, frame[pos:], is_request=True, allow_trailing=True)
     except DecodeError as exc:
         raise ConnectionClosed(f"malformed {api.name} v{version} request: {exc}") from exc
     result = handlers[key](RequestContext(api, header, body, peer))
