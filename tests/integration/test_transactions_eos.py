@@ -147,4 +147,6 @@ def test_exactly_once_pipeline_survives_sigkill(broker: BrokerProcess, tmp_path:
     assert len(kills) == KILLS and all(0 < k < RECORDS for k in kills), kills
     assert duplicates == 0 and not missing and len(values) == RECORDS, \
         f"seed {seed}: {duplicates} duplicates, {len(missing)} missing, {len(values)} read"
-    assert log_path.read_text().count("started") == KILLS + 1
+    # Close kill points can kill a restarted loop before it printed "started" (its
+    # init_transactions is still running); at least one restart must have run for real.
+    assert log_path.read_text().count("started") >= 2
