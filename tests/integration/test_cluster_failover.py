@@ -78,6 +78,22 @@ class BackgroundProducer:
         return sum(1 for at in list(self.acknowledged.values()) if at > moment)
 
 
+def _end_offset(consumer: Any, partition: Any) -> int:
+    """The partition's high watermark, retried: right after a full restart a partition has no
+    leader until its replicas re-register, and librdkafka does not retry NOT_LEADER here."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            end: int = consumer.get_watermark_offsets(partition, timeout=10)[1]
+            return end
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def consume_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
     """Every record of ``topic`` from offset 0 to the current end, as values."""
     from confluent_kafka import Consumer, TopicPartition
@@ -86,8 +102,7 @@ def consume_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
                          "log_level": 2})
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)}
+        ends = {p: _end_offset(consumer, TopicPartition(topic, p)) for p in range(partitions)}
         positions = dict.fromkeys(range(partitions), 0)
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         values: list[bytes] = []
