@@ -35,6 +35,7 @@ from raftlog.broker_lifecycle import (
     BrokerLifecycle,
     ControllerChannel,
 )
+from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ServerConfig
 from raftlog.fetch.apis import KafkaApis
 from raftlog.fetch.controller_apis import ControllerApis
@@ -130,6 +131,7 @@ class Node:
             incarnation_id=lifecycle.incarnation_id,
         )
         apis = KafkaApis(config, quorum, self.manager, replicas)
+        apis.metadata_caught_up = lambda: _registered_in_image(quorum, lifecycle, is_broker)
         controller = ControllerService(quorum, settings_from_config(self._configured))
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
         producer_ids = ProducerIdManager(lifecycle.allocate_block)
@@ -198,6 +200,15 @@ def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:
     return None if broker is None else broker.incarnation_id
 
 
+def _registered_in_image(quorum: Quorum, lifecycle: BrokerLifecycle, is_broker: bool) -> bool:
+    """Whether the image has replayed at least up to this incarnation's registration, which
+    the quorum committed after everything this node knew before it restarted."""
+    if not is_broker:
+        return True
+    me = quorum.image.brokers.get(lifecycle.node_id)
+    return me is not None and me.incarnation_id == lifecycle.incarnation_id
+
+
 def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:
     """One handler table (later tables win) whose ApiVersions advertises all of it."""
     merged: dict[int, Handler] = {}
@@ -237,6 +248,8 @@ async def run_until_signalled(config: ServerConfig) -> None:
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             nursery.start_soon(node.run)
+            # Jepsen clock faults (raftlog.clock): no-op unless RAFTLOG_CLOCK_OFFSET_FILE is set.
+            nursery.start_soon(follow_clock_offset_file)
             stopping = False
             async for signum in signals:
                 if stopping:

@@ -7,11 +7,12 @@ never raise for bad input: every expected failure is a Kafka error code in the b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import struct
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -43,7 +44,7 @@ from raftlog.fetch.server import (
 from raftlog.metadata.errors import wire_error_code
 from raftlog.metadata.image import NO_LEADER, MetadataImage
 from raftlog.metadata.placement import PlacementError, assign_replicas
-from raftlog.metadata.quorum import Quorum, QuorumError
+from raftlog.metadata.quorum import Quorum, QuorumError, QuorumTimeoutError
 from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
 from raftlog.partition.batch import BatchHeader, validate_batches
 from raftlog.partition.cleaner import has_record_without_key, is_compacted
@@ -51,11 +52,19 @@ from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.log import KafkaStorageError, describe_os_error
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 from raftlog.partition.replication import ReplicaManager
+from raftlog.txn.coordinator_service import PendingVerification, Verdict
 from raftlog.txn.producer_state import BatchMetadata
 
 log = logging.getLogger(__name__)
 
+# (topic, partition, producer id, epoch) -> None when a transactional write may go in, else
+# (error code, message); answered from this node's coordinator state only (used by
+# TxnOffsetCommit, raftlog.group.txn_offsets).
 TxnVerifier = Callable[[str, int, int, int], "tuple[int, str] | None"]
+# The produce path's check (KIP-890 part 1): (topic, partition, transactional id, producer id,
+# epoch) -> a verdict now, or a verification in flight whose answer resumes the append.
+TxnProduceVerifier = Callable[[str, int, "str | None", int, int],
+                              "Verdict | PendingVerification"]
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -65,6 +74,8 @@ CONSUMER_REPLICA_ID = -1
 DEBUGGING_REPLICA_ID = -2
 OFFSET_NOT_AVAILABLE = 78  # retriable: a new leader's HW is still below its epoch start
 READ_COMMITTED = 1
+# How long Metadata waits for a restarted node's image to catch up before saying "retry".
+METADATA_CATCH_UP_WAIT_S = 5.0
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 CONFIG_SOURCE_TOPIC = 1
@@ -118,6 +129,10 @@ class KafkaApis:
         # Transactions (raftlog.txn.install): (topic, partition, producer id, epoch) ->
         # None when a transactional batch may be appended, else (error code, message).
         self.txn_verifier: TxnVerifier | None = None
+        self.txn_produce_verifier: TxnProduceVerifier | None = None
+        # Whether the replayed image is current (the node wires this to "my registration of
+        # this incarnation is in the image"); until then Metadata waits or says "retry".
+        self.metadata_caught_up: Callable[[], bool] = lambda: True
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -141,12 +156,37 @@ class KafkaApis:
         return api_versions_body(ErrorCode.NONE, self.handlers())
 
     def metadata(self, ctx: RequestContext) -> HandlerResult:
+        if self.metadata_caught_up():
+            return self._metadata_now(ctx, caught_up=True)
+
+        async def after_catch_up() -> Body | None:
+            # After a restart the image is replayed from the quorum; answering from a
+            # half-replayed image would call existing topics unknown (librdkafka then gives up
+            # on them for topic.metadata.propagation.max.ms). Wait briefly, as a KRaft broker
+            # waits for its metadata catch-up before serving clients.
+            caught_up = await self._wait_caught_up(METADATA_CATCH_UP_WAIT_S)
+            result = self._metadata_now(ctx, caught_up=caught_up)
+            return await result() if callable(result) else result
+
+        return after_catch_up
+
+    async def _wait_caught_up(self, timeout_s: float) -> bool:
+        with trio.move_on_after(timeout_s):
+            while not self.metadata_caught_up():
+                with contextlib.suppress(QuorumTimeoutError):
+                    await self.quorum.wait_changed(self.quorum.image.version, timeout_s=timeout_s)
+        return self.metadata_caught_up()
+
+    def _metadata_now(self, ctx: RequestContext, *, caught_up: bool) -> HandlerResult:
         request = ctx.body
         version = ctx.header.api_version
         image = self.quorum.image
         if request.topics is None or (version == 0 and not request.topics):
             names = sorted(image.topics)
             return self._metadata_body(image, names)
+        if not caught_up:  # a topic missing from a stale image may exist: say "retry"
+            names = [t.name for t in request.topics]
+            return self._metadata_body(image, names, unknown_code=ErrorCode.LEADER_NOT_AVAILABLE)
         # v10+ may name a topic by id only (v12+: name null); an unknown id stays unknown.
         names = [t.name if t.name is not None else _topic_name_for_id(image, t.topic_id)
                  for t in request.topics]
@@ -171,7 +211,8 @@ class KafkaApis:
 
         return create_then_describe
 
-    def _metadata_body(self, image: MetadataImage, names: list[str]) -> Body:
+    def _metadata_body(self, image: MetadataImage, names: Sequence[str | None],
+                       unknown_code: int = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) -> Body:
         brokers = [
             {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
             for b in image.brokers.values()
@@ -181,17 +222,19 @@ class KafkaApis:
             "brokers": brokers,
             "cluster_id": self.config.cluster_id,
             "controller_id": image.controller_node_id,
-            "topics": [self._topic_metadata(image, name) for name in names],
+            "topics": [self._topic_metadata(image, name, unknown_code) for name in names],
         }
 
-    def _topic_metadata(self, image: MetadataImage, name: str) -> Body:
+    def _topic_metadata(self, image: MetadataImage, name: str | None,
+                        unknown_code: int = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) -> Body:
+        if name is None:
+            return {"error_code": unknown_code, "name": None, "partitions": []}
         if _is_id_name(name):
             return {"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "name": None,
                     "topic_id": uuid.UUID(name.removeprefix(_ID_NAME_PREFIX)), "partitions": []}
         topic = image.topics.get(name)
         if topic is None:
-            return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name,
-                    "partitions": []}
+            return {"error_code": unknown_code, "name": name, "partitions": []}
         partitions = [
             {
                 "error_code": ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else 0,
@@ -231,11 +274,16 @@ class KafkaApis:
             return _produce_body(request, ErrorCode.INVALID_REQUIRED_ACKS)
         results: dict[str, list[Body]] = {}
         waits: list[_AckWait] = []
+        verifying: list[_VerifiedAppend] = []
+        transactional_id = request.transactional_id if version >= 3 else None
         for topic in request.topic_data:
             for data in topic.partition_data:
-                result, wait = self._append(topic.name, data.index, data.records, request.acks)
+                result, wait = self._append(topic.name, data.index, data.records, request.acks,
+                                            transactional_id)
                 results.setdefault(topic.name, []).append(result)
-                if wait is not None:
+                if isinstance(wait, _VerifiedAppend):
+                    verifying.append(wait)
+                elif wait is not None:
                     waits.append(wait)
         body: Body = {
             "responses": [
@@ -243,6 +291,9 @@ class KafkaApis:
             ],
             "throttle_time_ms": 0,
         }
+        if request.acks == 0 and verifying:
+            # No response is read; the verification still decides whether the records go in.
+            return None
         if request.acks == 0:
             failed = [f"{name}-{r['index']} (error {r['error_code']})"
                       for name, parts in results.items() for r in parts if r["error_code"]]
@@ -252,11 +303,16 @@ class KafkaApis:
                 raise ConnectionClosed(f"Produce with acks=0 failed for {', '.join(failed)}")
             return None
         waits = [wait for wait in waits if not wait.satisfied()]
-        if not waits:
+        if not waits and not verifying:
             return body
         deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
 
         async def wait_until_acknowledged() -> Body:
+            for pending in verifying:
+                # The verification task always finishes (bounded by its own timeout).
+                await pending.verification.done.wait()
+                if pending.wait is not None:
+                    waits.append(pending.wait)
             for wait in waits:
                 await wait.partition.wait_until(wait.settled, deadline)
                 wait.result["error_code"] = wait.error_code()
@@ -265,8 +321,9 @@ class KafkaApis:
         return wait_until_acknowledged
 
     def _append(
-        self, topic: str, index: int, records: memoryview | None, acks: int
-    ) -> tuple[Body, _AckWait | None]:
+        self, topic: str, index: int, records: memoryview | None, acks: int,
+        transactional_id: str | None = None,
+    ) -> tuple[Body, _AckWait | _VerifiedAppend | None]:
         result: Body = {"index": index, "error_code": 0, "base_offset": -1,
                         "log_append_time_ms": -1, "log_start_offset": -1}
         partition = self.manager.get(topic, index)
@@ -278,15 +335,46 @@ class KafkaApis:
             return result, None
         if records is None or len(records) == 0:
             return _record_error(result, ErrorCode.INVALID_RECORD, "empty record set"), None
-        try:
-            if _has_transactional_batch(records):
+        if _has_transactional_batch(records):
+            try:
                 # The walk reads unvalidated headers, so a corrupt batch (a lying batchLength,
                 # an old magic) can look transactional: report the corruption first, as append
                 # would. Only this rare path pays for the extra CRC pass.
                 txn_headers = validate_batches(records)
-                refused = _check_transactional(self.txn_verifier, topic, index, txn_headers)
-                if refused is not None:  # KIP-890 part 1: only partitions added to the txn
-                    return _record_error(result, ErrorCode(refused[0]), refused[1]), None
+            except PartitionLogError as exc:
+                log.info("rejected produce to %s-%d: %s", topic, index, exc)
+                return _record_error(result, ErrorCode(exc.error_code), str(exc)), None
+            verdict = _check_transactional(self.txn_produce_verifier, topic, index,
+                                           transactional_id, txn_headers)
+            if isinstance(verdict, PendingVerification):
+                # The coordinator is asked first; the append resumes with its answer, in the
+                # order requests registered, so the producer's sequence order holds.
+                pending = _VerifiedAppend(verdict)
+                verdict.continuations.append(
+                    lambda answer: pending.resume(self._append_verified(
+                        topic, index, records, acks, result, answer)))
+                return result, pending
+            if verdict is not None:  # KIP-890 part 1: only partitions added to the txn
+                return _record_error(result, ErrorCode(verdict[0]), verdict[1]), None
+        return self._append_checked(partition, topic, index, records, acks, result)
+
+    def _append_verified(self, topic: str, index: int, records: memoryview, acks: int,
+                         result: Body, verdict: Verdict) -> _AckWait | None:
+        """The rest of ``_append`` once the coordinator answered for a transactional batch."""
+        if verdict is not None:
+            _record_error(result, ErrorCode(verdict[0]), verdict[1])
+            return None
+        partition = self.manager.get(topic, index)
+        if partition is None or not partition.is_leader:
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            return None
+        _, wait = self._append_checked(partition, topic, index, records, acks, result)
+        return wait
+
+    def _append_checked(self, partition: Partition, topic: str, index: int,
+                        records: memoryview, acks: int, result: Body
+                        ) -> tuple[Body, _AckWait | None]:
+        try:
             # --- compaction (raftlog.partition.cleaner): a compacted topic refuses records
             # without a key, as Kafka's LogValidator does. Only compacted topics pay for
             # reading (and, if compressed, decompressing) the records.
@@ -778,8 +866,9 @@ def _check_leader_epoch(requested: int, current: int) -> int:
     return ErrorCode.FENCED_LEADER_EPOCH if requested < current else ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
-def _check_transactional(verifier: TxnVerifier | None, topic: str, index: int,
-                         headers: list[BatchHeader]) -> tuple[int, str] | None:
+def _check_transactional(verifier: TxnProduceVerifier | None, topic: str, index: int,
+                         transactional_id: str | None, headers: list[BatchHeader]
+                         ) -> Verdict | PendingVerification:
     """A produce carrying transactional batches: one producer, no control batches (the
     validation refused those), and the transaction coordinator must know this partition
     is in the producer's ongoing transaction."""
@@ -787,9 +876,10 @@ def _check_transactional(verifier: TxnVerifier | None, topic: str, index: int,
         return ErrorCode.INVALID_TXN_STATE, "transactional batch outside a transaction"
     first = headers[0]
     if first.producer_id < 0 or any(not h.is_transactional or h.producer_id != first.producer_id
+                                    or h.producer_epoch != first.producer_epoch
                                     for h in headers):
-        return ErrorCode.INVALID_RECORD, "transactional batches need one producer id"
-    return verifier(topic, index, first.producer_id, first.producer_epoch)
+        return ErrorCode.INVALID_RECORD, "transactional batches need one producer id and epoch"
+    return verifier(topic, index, transactional_id, first.producer_id, first.producer_epoch)
 
 
 def _has_transactional_batch(records: memoryview) -> bool:
@@ -849,6 +939,18 @@ def _close_regions(body: Body) -> None:
             if isinstance(records, list):
                 for region in records:
                     region.close()
+
+
+@dataclass(eq=False)
+class _VerifiedAppend:
+    """A transactional append waiting for its coordinator's verify_only answer; ``resume``
+    runs (synchronously) when the answer arrives, before ``verification.done`` is set."""
+
+    verification: PendingVerification
+    wait: _AckWait | None = None
+
+    def resume(self, wait: _AckWait | None) -> None:
+        self.wait = wait
 
 
 @dataclass(eq=False)

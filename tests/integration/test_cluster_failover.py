@@ -8,8 +8,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 from tests.integration.cluster_harness import Cluster, cluster3, wait_for, wait_until
 from tests.integration.helpers import unique_topic
 
@@ -80,20 +78,26 @@ class BackgroundProducer:
         return sum(1 for at in list(self.acknowledged.values()) if at > moment)
 
 
-def _end_offset(consumer: Any, partition: Any) -> int:
-    """The partition's high watermark, retried: right after a full restart a partition has no
-    leader until its replicas re-register, and librdkafka does not retry NOT_LEADER here."""
-    from confluent_kafka import KafkaException
+def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's high watermark, retried. Right after a full restart a partition has no
+    leader until its last ISR member is back; librdkafka answers "Unknown partition" for good
+    on a handle whose first metadata showed the partition leaderless, so every retry uses a
+    fresh consumer."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "raftlog-assign-only",
+                             "log_level": 2})
         try:
-            end: int = consumer.get_watermark_offsets(partition, timeout=10)[1]
-            return end
+            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                    for p in range(partitions)}
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+        finally:
+            consumer.close()
 
 
 def consume_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
@@ -104,7 +108,7 @@ def consume_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
                          "log_level": 2})
     try:
-        ends = {p: _end_offset(consumer, TopicPartition(topic, p)) for p in range(partitions)}
+        ends = _end_offsets(bootstrap, topic, partitions)
         positions = dict.fromkeys(range(partitions), 0)
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         values: list[bytes] = []
@@ -218,13 +222,6 @@ def test_paused_broker_is_fenced_and_comes_back_after_sigcont(cluster3: Cluster)
     print(f"fenced {took_s:.2f} s after SIGSTOP; back in the ISR {rejoined_s:.2f} s after SIGCONT")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug, open: after a full-cluster restart a node can answer Metadata before it "
-    "has replayed the topic (librdkafka then reports the partition unknown for 30 s+); the "
-    "data itself survives (see test_cluster_acceptance::"
-    "test_sigterm_all_and_restart_keeps_every_record_at_its_offset)",
-)
 def test_stop_all_then_start_all_loses_nothing(cluster3: Cluster) -> None:
     topic = unique_topic("restart-all")
     create_topic(cluster3, topic, 3)
