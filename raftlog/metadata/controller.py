@@ -82,6 +82,9 @@ class ControllerSettings:
             that do not set it.
         cluster_id: Registrations naming another cluster id are refused; None accepts any.
         producer_id_block_size: Producer ids per AllocateProducerIds block.
+        disconnected_grace_ms: How long a broker keeps its lease without heartbeats once the
+            controller's quorum link to it drops (a killed process closes its sockets at
+            once); at most the session. The node sets twice ``broker.heartbeat.interval.ms``.
     """
 
     node_id: int
@@ -90,9 +93,11 @@ class ControllerSettings:
     unclean_leader_election: bool = False
     cluster_id: str | None = None
     producer_id_block_size: int = PRODUCER_ID_BLOCK_SIZE
+    disconnected_grace_ms: int = 9000
 
     def __post_init__(self) -> None:
         assert self.session_timeout_ms > 0
+        assert self.disconnected_grace_ms > 0
         assert self.rebalance_interval_ms >= 0
         assert self.producer_id_block_size > 0
 
@@ -193,6 +198,7 @@ class ControllerCore:
         self.settings = settings
         self._leases: dict[int, _Lease] = {}
         self._shutting_down: dict[int, int] = {}  # node id -> broker epoch that asked
+        self._unreachable: frozenset[int] = frozenset()  # quorum links down at the last look
         self._last_seen_ms = now_ms
         self._next_rebalance_ms = now_ms + settings.rebalance_interval_ms
         self._grant_sessions(image, now_ms)
@@ -213,6 +219,24 @@ class ControllerCore:
         if now_ms - self._last_seen_ms > self.settings.session_timeout_ms // 2:
             self._grant_sessions(image, now_ms)
         self._last_seen_ms = max(self._last_seen_ms, now_ms)
+
+    def note_unreachable(self, image: MetadataImage, unreachable: frozenset[int],
+                         now_ms: int) -> None:
+        """Shorten the lease of each broker whose quorum link just went down to
+        ``disconnected_grace_ms``. Only the edge counts: a live broker that keeps heartbeating
+        over its Kafka listener renews a full session, so a long-broken quorum link never
+        fences it. A new controller sees every link that is already down as an edge, which is
+        what keeps the fresh sessions it grants on takeover from covering a dead old
+        controller for a whole session."""
+        newly = unreachable - self._unreachable
+        self._unreachable = unreachable
+        grace_ms = min(self.settings.disconnected_grace_ms, self.settings.session_timeout_ms)
+        for node_id in sorted(newly):
+            broker = image.brokers.get(node_id)
+            if broker is None or broker.fenced:
+                continue
+            lease = self._lease(broker, now_ms)
+            lease.expires_ms = min(lease.expires_ms, now_ms + grace_ms)
 
     def _lease(self, broker: BrokerImage, now_ms: int) -> _Lease:
         """The lease of ``broker``'s current incarnation; a new incarnation starts a session."""

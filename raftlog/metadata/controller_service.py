@@ -80,6 +80,8 @@ def settings_from_config(config: ServerConfig) -> ControllerSettings:
         rebalance_interval_ms=rebalance_ms,
         unclean_leader_election=config.unclean_leader_election_enable,
         cluster_id=config.cluster_id,
+        disconnected_grace_ms=min(2 * config.broker_heartbeat_interval_ms,
+                                  config.broker_session_timeout_ms),
     )
 
 
@@ -195,7 +197,9 @@ class ControllerService:
         """Propose what the core's tick asks for, every tick interval or when woken."""
         while True:
             term.wake = trio.Event()
-            for proposal in term.core.tick(self._quorum.image, self.now_ms()):
+            image, now_ms = self._quorum.image, self.now_ms()
+            term.core.note_unreachable(image, self._unreachable_voters(), now_ms)
+            for proposal in term.core.tick(image, now_ms):
                 try:
                     result = await self._propose(term, proposal)
                 except ControllerUnavailableError as exc:
@@ -204,6 +208,10 @@ class ControllerService:
                 _log_outcome(proposal, result)
             with trio.move_on_after(self._tick_interval_s):
                 await term.wake.wait()
+
+    def _unreachable_voters(self) -> frozenset[int]:
+        """Voters this node has no quorum connection to (fast failure detection)."""
+        return frozenset(v.node_id for v in self._quorum.status().voters if not v.connected)
 
     def wake(self) -> None:
         """Run the reconciliation now (after a registration, unfence or shutdown request)."""

@@ -167,6 +167,41 @@ def test_heartbeats_keep_brokers_unfenced() -> None:
     assert cluster.image.live_broker_ids() == (1, 2, 3)
 
 
+GRACE_MS = 300
+
+
+def test_a_dropped_quorum_link_fences_a_silent_broker_after_the_grace_only() -> None:
+    cluster = Cluster(disconnected_grace_ms=GRACE_MS)
+    cluster.create("t", (2, 1, 3))
+    cluster.run(SESSION_MS // 2, alive=(1, 2, 3))
+    cluster.core.note_unreachable(cluster.image, frozenset({2}), cluster.now)
+    cluster.run(GRACE_MS - TICK_MS, alive=(1, 3))
+    assert not cluster.image.brokers[2].fenced  # still within the grace
+    cluster.run(2 * TICK_MS, alive=(1, 3))
+    assert cluster.image.brokers[2].fenced, "well before its session would have ended"
+    assert cluster.partition().leader == 1
+
+
+def test_a_live_broker_with_a_broken_quorum_link_keeps_heartbeating_unfenced() -> None:
+    cluster = Cluster(disconnected_grace_ms=GRACE_MS)
+    cluster.create("t", (2, 1, 3))
+    for _ in range(20):  # the link stays down: only the first sighting shortens the lease
+        cluster.core.note_unreachable(cluster.image, frozenset({2}), cluster.now)
+        cluster.run(SESSION_MS // 4, alive=(1, 2, 3))
+    assert cluster.image.live_broker_ids() == (1, 2, 3)
+    assert cluster.partition().leader == 2
+
+
+def test_a_new_controller_fences_a_disconnected_old_one_without_waiting_a_session() -> None:
+    cluster = Cluster(disconnected_grace_ms=GRACE_MS)
+    cluster.create("t", (3, 1, 2))
+    # A fresh core (a new term) grants full sessions, but node 3's link is already down.
+    cluster.core.note_unreachable(cluster.image, frozenset({3}), cluster.now)
+    cluster.run(GRACE_MS + TICK_MS, alive=(1, 2))
+    assert cluster.image.brokers[3].fenced
+    assert cluster.partition().leader == 1
+
+
 def test_fenced_leader_is_replaced_by_the_next_isr_member_in_replica_order() -> None:
     cluster = Cluster()
     cluster.create("t", (1, 3, 2))

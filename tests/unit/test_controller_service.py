@@ -390,7 +390,8 @@ def test_settings_from_config(tmp_path: Path) -> None:
     settings = settings_from_config(config)
     assert settings == ControllerSettings(
         node_id=1, session_timeout_ms=SESSION_MS, rebalance_interval_ms=1000,
-        unclean_leader_election=False, cluster_id="test-cluster")
+        unclean_leader_election=False, cluster_id="test-cluster",
+        disconnected_grace_ms=min(2 * HEARTBEAT_MS, SESSION_MS))
 
 
 @pytest.mark.parametrize(
