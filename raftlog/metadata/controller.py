@@ -284,9 +284,13 @@ class ControllerCore:
             and existing.incarnation_id != request.incarnation_id
             and not existing.fenced
             and self._lease(existing, now_ms).expires_ms > now_ms
+            and (existing.host, existing.port) != (request.host, request.port)
         ):
             # Two live processes with one node.id; the old session must end (or the old
             # incarnation shut down cleanly, which fences it) before a new one may register.
+            # A new incarnation listening on the old one's very host:port proves the old
+            # process gone (two processes cannot hold one port), so a restart after a crash
+            # re-registers at once instead of waiting out the old session.
             return _rejected(
                 DUPLICATE_BROKER_REGISTRATION,
                 f"broker {request.broker_id} is registered with another incarnation whose "

@@ -323,8 +323,9 @@ def test_a_busy_reconciliation_is_not_mistaken_for_a_pause() -> None:
 def test_new_incarnation_starts_fenced_and_is_refused_while_the_old_session_lives() -> None:
     cluster = Cluster()
     cluster.create("t", (2, 1))
+    # Another process (another port) claiming node 2 while node 2's session lives.
     decision = cluster.core.register(
-        cluster.image, Registration(2, "other", "127.0.0.1", 9094), cluster.now)
+        cluster.image, Registration(2, "other", "127.0.0.1", 9999), cluster.now)
     assert decision.error_code == DUPLICATE_BROKER_REGISTRATION
     cluster.run(SESSION_MS + 1, alive=(1, 3))
     result = cluster.register(2, "other")
@@ -337,6 +338,17 @@ def test_new_incarnation_starts_fenced_and_is_refused_while_the_old_session_live
     cluster.heartbeat(2)
     assert not cluster.image.brokers[2].fenced
     assert cluster.alter(1, (1, 2))[0] == errors.NONE
+
+
+def test_a_restart_on_the_same_listener_registers_without_waiting_out_the_old_session() -> None:
+    # The old process cannot still hold 127.0.0.1:9094 if the new one listens there.
+    cluster = Cluster()
+    cluster.create("t", (2, 1))
+    result = cluster.register(2, "restarted")
+    assert result.ok and cluster.image.brokers[2].incarnation_id == "restarted"
+    assert cluster.image.brokers[2].fenced
+    cluster.tick(TICK_MS)
+    assert cluster.partition().leader == 1, "the old incarnation's leadership moved away"
 
 
 def test_same_incarnation_registers_again_as_a_no_op() -> None:
