@@ -124,7 +124,13 @@ class Node:
         )  # fmt: skip
         replicas = ReplicaManager(
             self.manager,
-            settings=ReplicationSettings(replica_lag_time_max_ms=config.replica_lag_time_max_ms),
+            settings=ReplicationSettings(
+                replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                fetch_max_bytes=config.replica_fetch_max_bytes,
+                fetch_response_max_bytes=config.replica_fetch_response_max_bytes,
+                fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+                fetch_min_bytes=config.replica_fetch_min_bytes,
+            ),
             alter_isr=lifecycle.alter_isr,
             # Lead nothing until this incarnation is registered and unfenced: the image
             # replayed at start-up is stale (see ReplicaManager._may_lead).

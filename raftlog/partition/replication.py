@@ -97,7 +97,7 @@ class ReplicationSettings:
     """Kafka's broker replication properties (names in the comments) and their defaults."""
 
     replica_lag_time_max_ms: int = 30_000  # replica.lag.time.max.ms
-    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes (per partition)
+    fetch_max_bytes: int = 4 << 20  # replica.fetch.max.bytes (per partition; see config.py)
     fetch_response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes
     fetch_wait_max_ms: int = 500  # replica.fetch.wait.max.ms
     fetch_min_bytes: int = 1  # replica.fetch.min.bytes

@@ -116,12 +116,12 @@ async def test_concurrent_proposals_and_barrier_reads_share_the_log(tmp_path: Pa
         assert barriers <= 10, f"{barriers} barriers for 20 concurrent reads"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: on a loaded machine one voter sometimes never compacts within the test "
-    "(snapshot counters [3, 0, 3]); the restart-loses-nothing property itself is also covered "
-    "by test_crash_after_snapshot_before_compaction_keeps_the_journal_tail",
-)
+def _snapshots(quorum: RaftQuorum) -> int:
+    """Snapshots this voter holds: written by itself or installed from the leader."""
+    view = quorum.syncobj.view
+    return 0 if view is None else view.snapshots_written + view.snapshots_installed
+
+
 async def test_restart_after_snapshots_loses_nothing(tmp_path: Path) -> None:
     settings = RaftSettings(log_compaction_min_entries=20)
     async with open_quorums(tmp_path, voters=3, settings=settings) as quorums:
@@ -134,9 +134,10 @@ async def test_restart_after_snapshots_loses_nothing(tmp_path: Path) -> None:
         # Compaction runs on each node's tick thread, so a loaded machine may lag a little.
         with trio.move_on_after(TIMEOUT_S):
             # The counter is written by pysyncobj's tick thread: nothing to wait on but a poll.
-            while min(q.syncobj.view.snapshots_written for q in quorums if q.syncobj.view) < 1:  # noqa: ASYNC110
+            # A voter that lagged may get the leader's snapshot instead of writing its own.
+            while min(_snapshots(q) for q in quorums) < 1:  # noqa: ASYNC110
                 await trio.sleep(0.05)
-        snapshots = [q.syncobj.view.snapshots_written for q in quorums if q.syncobj.view]
+        snapshots = [_snapshots(q) for q in quorums]
         assert min(snapshots) >= 1, snapshots
         before = [dataclasses.replace(q.image) for q in quorums]
     for node_id in (1, 2, 3):
