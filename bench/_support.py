@@ -7,10 +7,12 @@ Nothing here knows about Kafka or NATS. A `ServerProcess` is any listening child
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -198,3 +200,38 @@ class Spread:
         if not finite:
             return cls(float("nan"), float("nan"), float("nan"), list(values))
         return cls(statistics.median(finite), min(finite), max(finite), list(values))
+
+
+def environment() -> dict[str, Any]:
+    """What a benchmark result depends on: interpreter, box, load, client and peer versions."""
+    import confluent_kafka
+    from _nats_side import nats_server_version
+
+    try:
+        from importlib.metadata import version
+        nats_py = version("nats-py")
+    except Exception:
+        nats_py = "?"
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "nats_py": nats_py,
+        "nats_server": nats_server_version(),
+    }
+
+
+def json_safe(value: Any) -> Any:
+    """NaN (a failed phase) becomes null so the file is strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -38,7 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from _support import MB, CpuUsage, PhaseResult, Spread
+from _support import MB, CpuUsage, PhaseResult, Spread, json_safe
+from _support import environment as common_environment
 
 TARGET_PRODUCE_MB_S = 100.0
 TARGET_PRODUCE_VS_NATS = 5.0
@@ -576,38 +576,12 @@ def report(options: Options, run: Run) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     import _raftlog_cluster
-    import confluent_kafka
-    from _nats_side import nats_server_version
 
-    try:
-        from importlib.metadata import version
-        nats_py = version("nats-py")
-    except Exception:
-        nats_py = "?"
     return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "confluent_kafka": confluent_kafka.version()[0],
-        "librdkafka": confluent_kafka.libversion()[0],
-        "nats_py": nats_py,
-        "nats_server": nats_server_version(),
+        **common_environment(),
         "throughput_producer_config": _raftlog_cluster.THROUGHPUT_PRODUCER_CONFIG,
         "failover_producer_config": _raftlog_cluster.FAILOVER_PRODUCER_CONFIG,
     }
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
@@ -676,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "profile": run.profile,
             "total_seconds": time.monotonic() - started,
         }
-        options.json_path.write_text(json.dumps(_json_safe(document), indent=2) + "\n")
+        options.json_path.write_text(json.dumps(json_safe(document), indent=2) + "\n")
         print(f"raw numbers written to {options.json_path}")
     return 0
 

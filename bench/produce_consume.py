@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _support import CpuUsage, PhaseResult, Spread
+from _support import CpuUsage, PhaseResult, Spread, environment, json_safe
 
 TARGET_PRODUCE_MB_S = 200.0
 TARGET_PRODUCE_VS_NATS = 3.0
@@ -289,40 +288,6 @@ def report(options: Options, results: list[PhaseResult]) -> dict[str, Any]:
     }
 
 
-def environment() -> dict[str, Any]:
-    import confluent_kafka
-    from _nats_side import nats_server_version
-
-    try:
-        from importlib.metadata import version
-        nats_py = version("nats-py")
-    except Exception:
-        nats_py = "?"
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
-        "confluent_kafka": confluent_kafka.version()[0],
-        "librdkafka": confluent_kafka.libversion()[0],
-        "nats_py": nats_py,
-        "nats_server": nats_server_version(),
-    }
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN (a failed phase) becomes null so the file is strict JSON."""
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def print_phase(result: PhaseResult) -> None:
     status = "" if result.ok else f"  FAILED: {result.note.strip().splitlines()[0][:200]}"
     if "enqueue_seconds" in result.extra:
@@ -375,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             **out,
             "profile": profile,
         }
-        options.json_path.write_text(json.dumps(_json_safe(document), indent=2) + "\n")
+        options.json_path.write_text(json.dumps(json_safe(document), indent=2) + "\n")
         print(f"raw numbers written to {options.json_path}")
     return 0
 
