@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -235,3 +236,15 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def check_prerequisites() -> str | None:
+    """Why the peer comparison cannot run (a missing client or nats-server), or None."""
+    try:
+        import confluent_kafka  # noqa: F401
+        import nats  # noqa: F401
+    except ImportError as exc:
+        return f"{exc}: pip install -e '.[bench]' (confluent-kafka and nats-py)"
+    if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
+        return "nats-server is missing: apt-get install -y nats-server (Debian ships 2.9.10)"
+    return None

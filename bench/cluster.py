@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from _support import MB, CpuUsage, PhaseResult, Spread, json_safe
+from _support import MB, CpuUsage, PhaseResult, Spread, check_prerequisites, json_safe
 from _support import environment as common_environment
 
 TARGET_PRODUCE_MB_S = 100.0
@@ -116,17 +116,6 @@ def parse_args(argv: Sequence[str] | None) -> Options:
                    args.nats_window, args.failover_trials, args.startup_repeats,
                    args.memory_wait, sections, args.profile_dir, args.profile_records,
                    args.keep_logs)
-
-
-def check_prerequisites() -> str | None:
-    try:
-        import confluent_kafka  # noqa: F401
-        import nats  # noqa: F401
-    except ImportError as exc:
-        return f"{exc}: pip install -e '.[bench]' (confluent-kafka and nats-py)"
-    if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
-        return "nats-server is missing: apt-get install -y nats-server (Debian ships 2.9.10)"
-    return None
 
 
 # -- what one run collects -------------------------------------------------------------------

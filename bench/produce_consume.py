@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _support import CpuUsage, PhaseResult, Spread, environment, json_safe
+from _support import CpuUsage, PhaseResult, Spread, check_prerequisites, environment, json_safe
 
 TARGET_PRODUCE_MB_S = 200.0
 TARGET_PRODUCE_VS_NATS = 3.0
@@ -80,17 +80,6 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     return Options(args.records, args.record_bytes, args.repeats, args.json, args.nats_window,
                    args.nats_fetch_batch, args.profile_dir, args.profile_records,
                    args.keep_logs)
-
-
-def check_prerequisites() -> str | None:
-    try:
-        import confluent_kafka  # noqa: F401
-        import nats  # noqa: F401
-    except ImportError as exc:
-        return f"{exc}: pip install -e '.[bench]' (confluent-kafka and nats-py)"
-    if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
-        return "nats-server is missing: apt-get install -y nats-server (Debian ships 2.9.10)"
-    return None
 
 
 def failed_phase(system: str, phase: str, repeat: int, error: str) -> PhaseResult:
