@@ -266,6 +266,9 @@ BROKER_TO_TOPIC_CONFIG: Final[Mapping[str, str]] = {
     "min.insync.replicas": "min.insync.replicas",
     "compression.type": "compression.type",
     "log.index.interval.bytes": "index.interval.bytes",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
 }
 # Broker configs that AlterConfigs may change at runtime (resource type BROKER): the topic
 # defaults above, as in Kafka's cluster-wide dynamic "log.*" configs.
@@ -394,6 +397,13 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "log.flush.interval.ms": str(LONG_MAX),
     "log.index.interval.bytes": "4096",
     "log.cleanup.policy": "delete",
+    # The log cleaner (raftlog.partition.cleaner_service), Kafka's names and defaults.
+    "log.cleaner.enable": "true",
+    "log.cleaner.backoff.ms": "15000",
+    "log.cleaner.dedupe.buffer.size": str(128 << 20),
+    "log.cleaner.delete.retention.ms": "86400000",
+    "log.cleaner.min.cleanable.ratio": "0.5",
+    "log.cleaner.min.compaction.lag.ms": "0",
     "log.message.timestamp.type": "CreateTime",
     "compression.type": "producer",
     "min.insync.replicas": "1",
@@ -401,6 +411,17 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "socket.request.max.bytes": "104857600",
     "connections.max.idle.ms": "600000",
     "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "6000",
+    "group.max.session.timeout.ms": "1800000",
+    "offset.metadata.max.bytes": "4096",
+    "offsets.retention.ms": "604800000",
+    "offsets.retention.check.interval.ms": "600000",
+    # Transactions and idempotent producers (raftlog.txn), Kafka's names. The abort check runs
+    # every second rather than Kafka's 10 s so a laptop sees a timed-out transaction end soon.
+    "producer.id.expiration.ms": "86400000",
+    "producer.id.expiration.check.interval.ms": "600000",
+    "transaction.max.timeout.ms": "900000",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     "raft.secret": None,
     "raft.secret.file": None,
     "cluster.id": None,
@@ -489,6 +510,21 @@ class ServerConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_seconds: int = 5
     controlled_shutdown_enable: bool = True
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
+    offset_metadata_max_bytes: int = 4096
+    offsets_retention_ms: int = 604800000
+    offsets_retention_check_interval_ms: int = 600000
+    producer_id_expiration_ms: int = 86400000
+    producer_id_expiration_check_interval_ms: int = 600000
+    transaction_max_timeout_ms: int = 900000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 1000
+    log_cleaner_enable: bool = True
+    log_cleaner_backoff_ms: int = 15000
+    log_cleaner_dedupe_buffer_size: int = 128 << 20
+    log_cleaner_delete_retention_ms: int = 86400000
+    log_cleaner_min_cleanable_ratio: str = "0.5"  # kept as text: it is only a topic default
+    log_cleaner_min_compaction_lag_ms: int = 0
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -538,6 +574,9 @@ class ServerConfig:
             "min.insync.replicas": str(self.min_insync_replicas),
             "compression.type": self.compression_type,
             "index.interval.bytes": str(self.log_index_interval_bytes),
+            "delete.retention.ms": str(self.log_cleaner_delete_retention_ms),
+            "min.cleanable.dirty.ratio": self.log_cleaner_min_cleanable_ratio,
+            "min.compaction.lag.ms": str(self.log_cleaner_min_compaction_lag_ms),
         }
         for key, value in (dynamic or {}).items():
             if validate_broker_dynamic_config(key, value) is None:
@@ -650,7 +689,31 @@ def _build(props: _Properties) -> ServerConfig:
             "leader.imbalance.check.interval.seconds", 1, INT_MAX // 1000
         ),
         controlled_shutdown_enable=props.boolean("controlled.shutdown.enable"),
+        group_min_session_timeout_ms=props.integer("group.min.session.timeout.ms", 0, INT_MAX),
+        group_max_session_timeout_ms=props.integer("group.max.session.timeout.ms", 0, INT_MAX),
+        offset_metadata_max_bytes=props.integer("offset.metadata.max.bytes", 0, INT_MAX),
+        offsets_retention_ms=props.integer("offsets.retention.ms", 1),
+        offsets_retention_check_interval_ms=props.integer(
+            "offsets.retention.check.interval.ms", 1),
+        producer_id_expiration_ms=props.integer("producer.id.expiration.ms", 1, INT_MAX),
+        producer_id_expiration_check_interval_ms=props.integer(
+            "producer.id.expiration.check.interval.ms", 1, INT_MAX),
+        transaction_max_timeout_ms=props.integer("transaction.max.timeout.ms", 1, INT_MAX),
+        transaction_abort_timed_out_transaction_cleanup_interval_ms=props.integer(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms", 1, INT_MAX),
+        log_cleaner_enable=props.boolean("log.cleaner.enable"),
+        log_cleaner_backoff_ms=props.integer("log.cleaner.backoff.ms", 0),
+        log_cleaner_dedupe_buffer_size=props.integer("log.cleaner.dedupe.buffer.size", 1),
+        log_cleaner_delete_retention_ms=props.integer("log.cleaner.delete.retention.ms", 0),
+        log_cleaner_min_cleanable_ratio=_parse_ratio(props, "log.cleaner.min.cleanable.ratio"),
+        log_cleaner_min_compaction_lag_ms=props.integer("log.cleaner.min.compaction.lag.ms", 0),
     )
+
+
+def _parse_ratio(props: _Properties, name: str) -> str:
+    text = props.required(name)
+    _ratio(name, text)
+    return text
 
 
 def _parse_heartbeat_interval(props: _Properties) -> int:

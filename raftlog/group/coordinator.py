@@ -84,6 +84,11 @@ class Group:
     offsets: dict[TopicPartition, OffsetValue] = field(default_factory=dict)
     rebalance_deadline_ms: int | None = None
     state_timestamp_ms: int = -1
+    # group.initial.rebalance.delay.ms: the first rebalance of an empty group waits this long
+    # (extended by each new member, never past the rebalance timeout) so that consumers
+    # starting together land in one generation instead of a rebalance each.
+    initial_delay_until_ms: int | None = None
+    initial_delay_limit_ms: int = 0
 
 
 class GroupCoordinator:
@@ -95,6 +100,7 @@ class GroupCoordinator:
         min_session_timeout_ms: int = GROUP_MIN_SESSION_TIMEOUT_MS,
         max_session_timeout_ms: int = GROUP_MAX_SESSION_TIMEOUT_MS,
         new_member_id: Callable[[str], str] | None = None,
+        initial_rebalance_delay_ms: int = 0,
     ) -> None:
         self.groups: dict[str, Group] = {}
         self.outbox: list[tuple[int, Body]] = []
@@ -102,6 +108,7 @@ class GroupCoordinator:
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self._new_member_id = new_member_id or _random_member_id
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
 
     # -- JoinGroup ---------------------------------------------------------------------------
 
@@ -146,17 +153,7 @@ class GroupCoordinator:
         if not member_id:
             if instance_id is not None and instance_id in group.static:
                 # A static member restarted: its new id replaces (fences) the old one.
-                old_id = group.static[instance_id]
-                new_id = self._new_member_id(client_id or instance_id)
-                old = group.members.pop(old_id)
-                self._answer_pending(old, ErrorCode.FENCED_INSTANCE_ID)
-                member = new_member(new_id)
-                member.assignment = old.assignment
-                group.members[new_id] = member
-                group.static[instance_id] = new_id
-                if group.leader == old_id:
-                    group.leader = new_id
-                return self._rejoin(group, member, token, now_ms, changed=True)
+                return self._replace_static(group, instance_id, new_member, token, now_ms)
             new_id = self._new_member_id(client_id or "member")
             if require_known_member_id and instance_id is None:
                 # KIP-394: the client must come back with this id before it counts.
@@ -178,6 +175,34 @@ class GroupCoordinator:
         member.rebalance_timeout_ms = rebalance_timeout_ms
         member.client_id, member.client_host = client_id, client_host
         return self._rejoin(group, member, token, now_ms, changed=changed)
+
+    def _replace_static(self, group: Group, instance_id: str,
+                        new_member: Callable[[str], Member], token: int, now_ms: int
+                        ) -> Body | None:
+        """A static member restarted (no member id, a known group.instance.id): its new id
+        replaces (fences) the old one. In a Stable group whose protocol choice stays the same
+        this is not a rebalance: the member gets the current generation and its old assignment
+        (Kafka's KIP-345), once the group metadata with the new id is in the log."""
+        old_id = group.static[instance_id]
+        old = group.members[old_id]
+        self._answer_pending(old, ErrorCode.FENCED_INSTANCE_ID)
+        member = new_member(self._new_member_id(old.client_id or instance_id))
+        member.assignment = old.assignment
+        # Same place in the member order (the order decides the fallback leader).
+        group.members = {(member.member_id if k == old_id else k): (member if k == old_id else m)
+                         for k, m in group.members.items()}
+        group.static[instance_id] = member.member_id
+        if group.leader == old_id:
+            group.leader = member.member_id
+        if group.state == STABLE and _select_protocol(group.members.values()) == group.protocol:
+            self._persist_group(group)
+            # The leader gets the members as in every JoinGroup answer (Kafka before
+            # JoinGroup v9's skipAssignment); a Stable group's SyncGroup then hands back the
+            # current assignments whatever the leader computes.
+            self.outbox.append((token, self._join_body(
+                group, member, leader_view=member.member_id == group.leader)))
+            return None
+        return self._rejoin(group, member, token, now_ms, changed=True)
 
     def _rejoin(self, group: Group, member: Member, token: int, now_ms: int, *,
                 changed: bool) -> Body | None:
@@ -205,6 +230,14 @@ class GroupCoordinator:
         if group.leader is None:
             group.leader = member.member_id
         member.join_token = token
+        if group.state == EMPTY and self.initial_rebalance_delay_ms > 0:
+            group.initial_delay_until_ms = now_ms + self.initial_rebalance_delay_ms
+            # Kafka: the delay, then extensions until the rebalance timeout, whichever is later.
+            group.initial_delay_limit_ms = now_ms + max(self.initial_rebalance_delay_ms,
+                                                        member.rebalance_timeout_ms)
+        elif group.initial_delay_until_ms is not None:
+            group.initial_delay_until_ms = min(now_ms + self.initial_rebalance_delay_ms,
+                                               group.initial_delay_limit_ms)
         if group.state != PREPARING_REBALANCE:
             self._prepare_rebalance(group, now_ms)
         self._maybe_complete_join(group, now_ms)
@@ -231,6 +264,8 @@ class GroupCoordinator:
     def _maybe_complete_join(self, group: Group, now_ms: int) -> None:
         if group.state != PREPARING_REBALANCE or group.pending:
             return
+        if group.initial_delay_until_ms is not None and now_ms < group.initial_delay_until_ms:
+            return
         if all(m.join_token is not None for m in group.members.values()):
             self._complete_join(group, now_ms)
 
@@ -240,10 +275,10 @@ class GroupCoordinator:
         group.pending.clear()
         group.generation += 1
         group.rebalance_deadline_ms = None
+        group.initial_delay_until_ms = None
         group.state_timestamp_ms = now_ms
         if not group.members:
-            group.state, group.protocol, group.leader, group.protocol_type = EMPTY, None, None, \
-                None
+            group.state, group.protocol, group.leader = EMPTY, None, None
             self._persist_group(group)
             return
         first = next(iter(group.members.values()))
@@ -379,6 +414,9 @@ class GroupCoordinator:
                 if deadline <= now_ms:
                     del group.pending[pending_id]
                     self._maybe_complete_join(group, now_ms)
+            if group.initial_delay_until_ms is not None and group.initial_delay_until_ms <= now_ms:
+                group.initial_delay_until_ms = None
+                self._maybe_complete_join(group, now_ms)
             expired = [m for m in group.members.values()
                        if m.join_token is None and m.heartbeat_deadline_ms <= now_ms]
             for member in expired:
@@ -386,7 +424,8 @@ class GroupCoordinator:
                     self._remove(group, member)
                     self._after_removal(group, now_ms)
             if group.state == PREPARING_REBALANCE and group.rebalance_deadline_ms is not None \
-                    and group.rebalance_deadline_ms <= now_ms:
+                    and group.rebalance_deadline_ms <= now_ms \
+                    and group.initial_delay_until_ms is None:
                 self._complete_join(group, now_ms)
 
     def next_deadline(self) -> int | None:
@@ -397,13 +436,17 @@ class GroupCoordinator:
                              if m.join_token is None)
             if group.rebalance_deadline_ms is not None:
                 deadlines.append(group.rebalance_deadline_ms)
+            if group.initial_delay_until_ms is not None:
+                deadlines.append(group.initial_delay_until_ms)
         return min(deadlines, default=None)
 
     # -- offsets ------------------------------------------------------------------------------
 
     def validate_commit(self, group_id: str, generation: int, member_id: str,
-                        instance_id: str | None) -> int:
-        """Kafka's checks before an OffsetCommit writes anything (classic protocol, < v9)."""
+                        instance_id: str | None, now_ms: int | None = None) -> int:
+        """Kafka's checks before an OffsetCommit writes anything (classic protocol, < v9).
+        A valid commit from a member counts as its heartbeat (given ``now_ms``), as in Kafka:
+        a consumer busy committing is alive."""
         if not group_id:
             return ErrorCode.INVALID_GROUP_ID
         group = self.groups.get(group_id)
@@ -423,6 +466,10 @@ class GroupCoordinator:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if generation != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
+        if now_ms is not None:
+            member = group.members[member_id]
+            member.heartbeat_deadline_ms = max(member.heartbeat_deadline_ms,
+                                               now_ms + member.session_timeout_ms)
         return ErrorCode.NONE
 
     def commit_records(self, group_id: str, offsets: Mapping[TopicPartition, OffsetValue]
@@ -445,6 +492,35 @@ class GroupCoordinator:
         if partitions is None:
             return dict(offsets)
         return {tp: offsets.get(tp) for tp in partitions}
+
+    def expire_offsets(self, now_ms: int, retention_ms: int,
+                       busy: Callable[[str], set[TopicPartition]] = lambda _: set()) -> int:
+        """Kafka's offsets.retention.ms (KIP-211): the offsets of a group that had members and
+        is now Empty expire ``retention_ms`` after it became Empty; those of a group that only
+        ever committed (no membership, generation 0) expire ``retention_ms`` after their own
+        commit. Groups with members keep every offset. ``busy(group)`` names partitions with a
+        transactional commit in flight, which stay. An Empty group left without offsets is
+        dropped (Dead). Tombstones for both go to :attr:`writes`; returns how many offsets
+        expired."""
+        expired_total = 0
+        for group in list(self.groups.values()):
+            if group.state != EMPTY or group.members or group.pending:
+                continue
+            kept_back = busy(group.group_id)
+            empty_since = group.state_timestamp_ms if group.generation > 0 else -1
+            expired = [tp for tp, value in group.offsets.items() if tp not in kept_back
+                       and now_ms - (value.commit_timestamp_ms if empty_since < 0
+                                     else empty_since) >= retention_ms]
+            for topic, partition in expired:
+                del group.offsets[(topic, partition)]
+                self.writes.append((group.group_id,
+                                    encode_key(OffsetKey(group.group_id, topic, partition)),
+                                    None))
+            expired_total += len(expired)
+            if not group.offsets and not kept_back:
+                del self.groups[group.group_id]
+                self.writes.append((group.group_id, encode_key(GroupKey(group.group_id)), None))
+        return expired_total
 
     # -- admin --------------------------------------------------------------------------------
 

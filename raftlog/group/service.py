@@ -42,7 +42,7 @@ from raftlog.fetch.schemas_group import (
 )
 from raftlog.fetch.schemas_txn import TXN_OFFSET_COMMIT
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
-from raftlog.group.coordinator import OFFSET_METADATA_MAX_BYTES, GroupCoordinator
+from raftlog.group.coordinator import GroupCoordinator
 from raftlog.group.records import (
     GroupKey,
     OffsetKey,
@@ -116,7 +116,11 @@ class GroupService:
         self.apis = apis
         self.forward = forward
         self.num_partitions = num_partitions
-        self.core = core or GroupCoordinator()
+        self.core = core or GroupCoordinator(
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms)
+        self._next_expiry_check_ms = 0
         self._loaded: dict[int, int] = {}  # offsets partition → leader epoch loaded
         self._group_partition: dict[str, int] = {}
         self._waiters: dict[int, _Waiter] = {}
@@ -205,8 +209,22 @@ class GroupService:
             while True:
                 await self._watch_leadership()
                 self.core.tick(_now_ms())
+                self._expire_offsets()
                 self._flush_effects()
                 await trio.sleep(WATCH_INTERVAL_S)
+
+    def _expire_offsets(self) -> None:
+        """offsets.retention.ms, checked every offsets.retention.check.interval.ms; the
+        tombstones go out with the next :meth:`_flush_effects`."""
+        now = _now_ms()
+        if now < self._next_expiry_check_ms:
+            return
+        self._next_expiry_check_ms = now + self.config.offsets_retention_check_interval_ms
+        pending = self.txn_offsets.pending.pending_partitions
+        expired = self.core.expire_offsets(now, self.config.offsets_retention_ms, pending)
+        if expired:
+            log.info("expired %d committed offsets (offsets.retention.ms=%d)", expired,
+                     self.config.offsets_retention_ms)
 
     async def _watch_leadership(self) -> None:
         for index in range(self.num_partitions):
@@ -458,7 +476,8 @@ class GroupService:
 
         error = self._coordinator_error(group_id)
         if not error:
-            error = self.core.validate_commit(group_id, generation, member_id, instance_id)
+            error = self.core.validate_commit(group_id, generation, member_id, instance_id,
+                                              _now_ms())
         image = self.quorum.image
         valid: dict[tuple[str, int], OffsetValue] = {}
         entries: dict[tuple[str, int], Body] = {}
@@ -472,7 +491,7 @@ class GroupService:
                     reply(tp, error)
                 elif known is None or not 0 <= p.partition_index < len(known.partitions):
                     reply(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                elif len(metadata.encode()) > self.config.offset_metadata_max_bytes:
                     reply(tp, ErrorCode.OFFSET_METADATA_TOO_LARGE)
                 else:
                     entries[tp] = reply(tp, ErrorCode.NONE)

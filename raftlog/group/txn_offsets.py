@@ -31,7 +31,7 @@ import trio
 
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.server import Body, HandlerResult, RequestContext
-from raftlog.group.coordinator import DEAD, OFFSET_METADATA_MAX_BYTES, Group
+from raftlog.group.coordinator import DEAD, Group
 from raftlog.group.records import (
     OffsetKey,
     OffsetValue,
@@ -223,7 +223,7 @@ class TxnOffsets:
                     reply(tp, error)
                 elif known is None or not 0 <= p.partition_index < len(known.partitions):
                     reply(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                elif len(metadata.encode()) > service.config.offset_metadata_max_bytes:
                     reply(tp, ErrorCode.OFFSET_METADATA_TOO_LARGE)
                 else:
                     entries.append(reply(tp, ErrorCode.NONE))

@@ -1,7 +1,9 @@
-"""The delivery-semantics examples (examples/at_most_once.py, examples/at_least_once.py),
-each SIGKILLed midway and restarted by examples/kill_demo.py's logic, against a real broker:
-at-most-once never processes a record twice (and may miss some), at-least-once never misses
-one (and may process some twice)."""
+"""The delivery-semantics examples (examples/at_most_once.py, examples/at_least_once.py,
+examples/exactly_once.py), each SIGKILLed midway and restarted by examples/kill_demo.py's
+logic, against a real broker: at-most-once never processes a record twice (and may miss
+some), at-least-once never misses one (and may process some twice), exactly-once puts each
+input's result in the output topic exactly once (read_committed) although its side-effect
+file may show a redone batch."""
 
 from __future__ import annotations
 
@@ -42,3 +44,9 @@ def test_kill_midway(broker: BrokerProcess, tmp_path: Path) -> None:
     at_least = outcomes["at-least-once"]
     assert at_least.never == 0, f"at-least-once never processed {at_least.never} records"
     assert at_least.once + at_least.more == RECORDS
+
+    exactly = outcomes["exactly-once"]
+    assert exactly.never == 0 and exactly.more == 0, exactly.summary()
+    assert exactly.once == RECORDS and sum(exactly.times.values()) == RECORDS
+    # The attempts (outside the transaction) cover every input at least once.
+    assert exactly.attempts is not None and set(exactly.attempts) == produced

@@ -1,8 +1,10 @@
 """Consumer groups against a real broker process with the three PyPI clients.
 
-Rebalances (3 consumers → 2 partitions each; a fourth joins, one leaves → one owner per
-partition), two groups each reading everything, committed offsets across a restart, and
-Kafka's error codes for bad commits (nothing written).
+Rebalances with confluent-kafka, kafka-python and aiokafka each (3 consumers → 2 partitions
+each; a fourth joins, the second leaves → after each rebalance every partition has exactly one
+owner, as the clients see it and as the coordinator stores it), two groups each reading
+everything, committed offsets across a restart, and Kafka's error codes for bad commits
+(nothing written).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 import trio
 
 from raftlog.fetch.client import KafkaConnection
@@ -18,7 +21,7 @@ from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import FIND_COORDINATOR
 from raftlog.fetch.schemas_group import OFFSET_COMMIT, OFFSET_FETCH
 from tests.integration.conftest import BrokerProcess
-from tests.integration.helpers import create_topic, unique_topic
+from tests.integration.helpers import create_topic, end_offsets, unique_topic
 
 PARTITIONS = 6
 RECORDS = 600
@@ -48,9 +51,8 @@ def _poll_until(consumers: list[Any], done: Any, what: str) -> dict[int, list[An
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
         for i, consumer in enumerate(consumers):
-            message = consumer.poll(0.05)
-            if message is not None and message.error() is None:
-                records[i].append(message)
+            # Batches: one record per poll would cost each drained member its poll timeout.
+            records[i].extend(m for m in consumer.consume(200, 0.02) if m.error() is None)
         assignments = [sorted(tp.partition for tp in c.assignment()) for c in consumers]
         if done(assignments, records):
             return records
@@ -63,33 +65,200 @@ def _exactly_one_owner(assignments: list[list[int]]) -> bool:
     return owned == list(range(PARTITIONS))
 
 
-def test_confluent_group_rebalances(broker: BrokerProcess) -> None:
-    topic = unique_topic("groups")
+# -- one rebalance scenario, three clients ---------------------------------------------------
+
+
+class _Members:
+    """A group of consumers of one client library, driven from this thread."""
+
+    def add(self) -> None:
+        raise NotImplementedError
+
+    def remove(self, index: int) -> None:
+        """Closes member ``index`` cleanly (LeaveGroup)."""
+        raise NotImplementedError
+
+    def poll(self) -> list[tuple[int, int]]:
+        """One poll of every member: the (partition, offset) of the records it returned."""
+        raise NotImplementedError
+
+    def assignments(self) -> list[list[int]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _ConfluentMembers(_Members):
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.args = (bootstrap, topic, group)
+        self.consumers: list[Any] = []
+
+    def add(self) -> None:
+        bootstrap, topic, group = self.args
+        consumer = _confluent(bootstrap, group)
+        consumer.subscribe([topic])
+        self.consumers.append(consumer)
+
+    def remove(self, index: int) -> None:
+        self.consumers.pop(index).close()
+
+    def poll(self) -> list[tuple[int, int]]:
+        out = []
+        for consumer in self.consumers:
+            for m in consumer.consume(100, 0.02):
+                if m.error() is None:
+                    out.append((m.partition(), m.offset()))
+        return out
+
+    def assignments(self) -> list[list[int]]:
+        return [sorted(tp.partition for tp in c.assignment()) for c in self.consumers]
+
+    def close(self) -> None:
+        while self.consumers:
+            self.remove(0)
+
+
+class _KafkaPythonMembers(_ConfluentMembers):
+    def add(self) -> None:
+        from kafka import KafkaConsumer
+
+        bootstrap, topic, group = self.args
+        self.consumers.append(KafkaConsumer(
+            topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+            session_timeout_ms=6000, heartbeat_interval_ms=300))
+
+    def poll(self) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for consumer in self.consumers:
+            for tp, messages in consumer.poll(timeout_ms=20).items():
+                out.extend((tp.partition, m.offset) for m in messages)
+        return out
+
+
+class _AiokafkaMembers(_Members):
+    """aiokafka on one event loop of this thread: it runs (heartbeats included) during each
+    ``poll``, which the scenario calls continuously."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.args = (bootstrap, topic, group)
+        self.loop = asyncio.new_event_loop()
+        self.consumers: list[Any] = []
+
+    def add(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        bootstrap, topic, group = self.args
+
+        async def start() -> Any:
+            consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                                        auto_offset_reset="earliest", session_timeout_ms=6000,
+                                        heartbeat_interval_ms=300)
+            await consumer.start()
+            return consumer
+
+        self.consumers.append(self.loop.run_until_complete(start()))
+
+    def remove(self, index: int) -> None:
+        self.loop.run_until_complete(self.consumers.pop(index).stop())
+
+    def poll(self) -> list[tuple[int, int]]:
+        async def poll_all() -> list[Any]:
+            return list(await asyncio.gather(*(c.getmany(timeout_ms=20)
+                                               for c in self.consumers)))
+
+        out: list[tuple[int, int]] = []
+        for batch in self.loop.run_until_complete(poll_all()):
+            for tp, messages in batch.items():
+                out.extend((tp.partition, m.offset) for m in messages)
+        return out
+
+    def assignments(self) -> list[list[int]]:
+        return [sorted(tp.partition for tp in c.assignment()) for c in self.consumers]
+
+    def close(self) -> None:
+        while self.consumers:
+            self.remove(0)
+        self.loop.close()
+
+
+SETTLE_S = 1.5
+
+
+def _broker_assignments(bootstrap: str, group: str) -> tuple[str, list[list[int]]]:
+    """The group's state and its members' assignments as the coordinator stores them (the
+    consumer protocol's assignment bytes, decoded here)."""
+    from raftlog.group.cli import GroupAdmin, decode_assignment
+
+    async def run() -> tuple[str, list[list[int]]]:
+        admin = await GroupAdmin.connect(bootstrap)
+        try:
+            described = await admin.describe(group)
+        finally:
+            await admin.aclose()
+        owned = [sorted(p for parts in decode_assignment(m.member_assignment).values()
+                        for p in parts) for m in described.members]
+        return str(described.group_state), sorted(owned)
+
+    return trio.run(run)
+
+
+def _rebalanced(members: _Members, bootstrap: str, group: str, sizes: list[int],
+                seen: list[tuple[int, int]], what: str) -> None:
+    """Polls until the rebalance ends: every member holds a share of the given sizes, every
+    partition has exactly one owner, and the coordinator's stored assignment says the same;
+    then keeps polling for SETTLE_S and requires that to stay true on every poll."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        seen.extend(members.poll())
+        client_view = members.assignments()
+        if sorted(map(len, client_view)) == sorted(sizes) and _exactly_one_owner(client_view):
+            state, stored = _broker_assignments(bootstrap, group)
+            if state == "Stable" and stored == sorted(client_view):
+                break
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {client_view}"
+    settled_until = time.monotonic() + SETTLE_S
+    while time.monotonic() < settled_until:
+        seen.extend(members.poll())
+        now = members.assignments()
+        assert now == client_view, f"{what}: the assignment changed after settling: {now}"
+    state, stored = _broker_assignments(bootstrap, group)
+    assert state == "Stable" and stored == sorted(client_view), (what, state, stored)
+
+
+CLIENTS = {"confluent-kafka": _ConfluentMembers, "kafka-python": _KafkaPythonMembers,
+           "aiokafka": _AiokafkaMembers}
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_group_rebalances_keep_one_owner_per_partition(broker: BrokerProcess,
+                                                       client: str) -> None:
+    """3 members on 6 partitions get 2 each and read every record; a fourth joins (2,2,1,1);
+    the second leaves (2,2,2). After each rebalance every partition has exactly one owner,
+    in the clients' view and in the coordinator's."""
+    topic = unique_topic(f"rebalance-{client}")
+    group = f"g-{topic}"
     create_topic(broker.bootstrap, topic, partitions=PARTITIONS)
     _produce(broker.bootstrap, topic)
-    consumers = [_confluent(broker.bootstrap, "g-rebalance") for _ in range(3)]
+    members = CLIENTS[client](broker.bootstrap, topic, group)
     try:
-        for c in consumers:
-            c.subscribe([topic])
-        records = _poll_until(
-            consumers,
-            lambda a, r: all(len(x) == 2 for x in a) and _exactly_one_owner(a)
-            and sum(map(len, r.values())) >= RECORDS,
-            "three consumers with two partitions each")
-        seen = {(m.partition(), m.offset()) for ms in records.values() for m in ms}
-        assert len(seen) == RECORDS
-        # A fourth member joins, then the first leaves: every partition keeps one owner.
-        fourth = _confluent(broker.bootstrap, "g-rebalance")
-        fourth.subscribe([topic])
-        consumers.append(fourth)
-        _poll_until(consumers, lambda a, r: all(a) and _exactly_one_owner(a),
-                    "four consumers sharing six partitions")
-        consumers.pop(0).close()
-        _poll_until(consumers, lambda a, r: all(a) and _exactly_one_owner(a),
-                    "three consumers after one left")
+        for _ in range(3):
+            members.add()
+        seen: list[tuple[int, int]] = []
+        _rebalanced(members, broker.bootstrap, group, [2, 2, 2], seen, "three members")
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(set(seen)) < RECORDS:
+            assert time.monotonic() < deadline, f"read {len(set(seen))} of {RECORDS}"
+            seen.extend(members.poll())
+        ends = end_offsets(broker.bootstrap, topic, range(PARTITIONS))
+        assert sum(ends.values()) == RECORDS
+        assert set(seen) == {(p, o) for p, end in ends.items() for o in range(end)}
+        members.add()
+        _rebalanced(members, broker.bootstrap, group, [2, 2, 1, 1], seen, "a fourth joined")
+        members.remove(1)
+        _rebalanced(members, broker.bootstrap, group, [2, 2, 2], seen, "the second left")
     finally:
-        for c in consumers:
-            c.close()
+        members.close()
 
 
 def test_two_groups_each_get_every_record(broker: BrokerProcess) -> None:
@@ -139,56 +308,6 @@ def test_committed_offsets_survive_restart(broker: BrokerProcess) -> None:
         assert [tp.offset for tp in committed] == [42, 7]
     finally:
         consumer.close()
-
-
-def test_kafka_python_group(broker: BrokerProcess) -> None:
-    from kafka import KafkaConsumer
-
-    topic = unique_topic("kp-group")
-    create_topic(broker.bootstrap, topic, partitions=PARTITIONS)
-    consumers = [KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id="g-kp",
-                               auto_offset_reset="earliest", session_timeout_ms=6000,
-                               heartbeat_interval_ms=300) for _ in range(3)]
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            for c in consumers:
-                c.poll(timeout_ms=50)
-            assignments = [sorted(tp.partition for tp in c.assignment()) for c in consumers]
-            if all(len(a) == 2 for a in assignments) and _exactly_one_owner(assignments):
-                break
-            assert time.monotonic() < deadline, assignments
-    finally:
-        for c in consumers:
-            c.close()
-
-
-def test_aiokafka_group(broker: BrokerProcess) -> None:
-    from aiokafka import AIOKafkaConsumer
-
-    topic = unique_topic("aio-group")
-    create_topic(broker.bootstrap, topic, partitions=PARTITIONS)
-
-    async def run() -> list[list[int]]:
-        consumers = [AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap,
-                                      group_id="g-aio", auto_offset_reset="earliest",
-                                      session_timeout_ms=6000, heartbeat_interval_ms=300)
-                     for _ in range(3)]
-        for c in consumers:
-            await c.start()
-        try:
-            deadline = time.monotonic() + TIMEOUT_S
-            while True:
-                await asyncio.gather(*(c.getmany(timeout_ms=50) for c in consumers))
-                assignments = [sorted(tp.partition for tp in c.assignment()) for c in consumers]
-                if all(len(a) == 2 for a in assignments) and _exactly_one_owner(assignments):
-                    return assignments
-                assert time.monotonic() < deadline, assignments
-        finally:
-            for c in consumers:
-                await c.stop()
-
-    asyncio.run(run())
 
 
 def test_bad_commits_get_kafka_errors_and_change_nothing(broker: BrokerProcess) -> None:

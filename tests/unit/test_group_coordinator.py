@@ -8,7 +8,13 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from raftlog.fetch.errors import ErrorCode
 from raftlog.group.coordinator import (
@@ -185,6 +191,34 @@ class GroupMachine(RuleBasedStateMachine):
             self.pending_joins.pop(token, None)
         self.core.outbox.clear()
 
+    @initialize(delay_ms=st.sampled_from([0, 3_000]))
+    def initial_delay(self, delay_ms: int) -> None:
+        self.core.initial_rebalance_delay_ms = delay_ms
+
+    @rule(instance=st.sampled_from(["i1", "i2"]))
+    def static_member_starts(self, instance: str) -> None:
+        """A static member (re)starts: no member id, its group.instance.id."""
+        token = next(self.tokens)
+        self.pending_joins[token] = ""
+        body = _join(self.core, token, instance=instance, now=self.now)
+        if body is not None:
+            self.pending_joins.pop(token)
+        self._collect()
+
+    @rule(offset=st.integers(0, 100))
+    def simple_commit(self, offset: int) -> None:
+        if self.core.validate_commit(G, -1, "", None) == 0:
+            self.core.apply_commit(G, {("t", 0): OffsetValue(offset, -1, "", self.now)},
+                                   self.now)
+
+    @rule()
+    def expire_offsets(self) -> None:
+        group = self.core.groups.get(G)
+        had_members = group is not None and bool(group.members)
+        self.core.expire_offsets(self.now, REBALANCE)
+        if had_members:
+            assert G in self.core.groups  # a group with members never expires
+
     @rule()
     def new_member(self) -> None:
         token = next(self.tokens)
@@ -251,6 +285,12 @@ class GroupMachine(RuleBasedStateMachine):
             assert all(m.join_token is None for m in group.members.values())
         if group.state != PREPARING_REBALANCE:
             assert all(m.join_token is None for m in group.members.values())
+            assert group.initial_delay_until_ms is None
+        # group.instance.id ↔ member: one member per instance id, and it is a member.
+        for instance, member_id in group.static.items():
+            assert group.members[member_id].instance_id == instance
+        assert len(group.static) == sum(1 for m in group.members.values()
+                                        if m.instance_id is not None)
         # Every deadline the shell must wake up for is still ahead after a tick.
         deadline = self.core.next_deadline()
         assert deadline is None or deadline > self.now or self.now == 0
