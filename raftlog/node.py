@@ -57,6 +57,7 @@ from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.replication import ReplicaManager, ReplicationSettings
 from raftlog.txn.apis import ProducerApis
+from raftlog.txn.coordinator_service import TxnSettings
 from raftlog.txn.producer_ids import ProducerIdManager
 from raftlog.txn.txn_apis import install as install_transactions
 
@@ -153,7 +154,8 @@ class Node:
         txn_service = install_transactions(
             config.node_id, quorum, self.manager, apis, producer_apis, producer_ids, channel,
             handlers, set_transaction_lookup=groups.coordinators.set_transaction_lookup,
-            pending_offsets=groups.service.txn_offsets)
+            pending_offsets=groups.service.txn_offsets,
+            settings=TxnSettings.from_config(config))
         # --- end transactions ---
         channel.set_local_handlers(controller_apis.handlers())
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas

@@ -350,9 +350,17 @@ class KafkaApis:
                 # The coordinator is asked first; the append resumes with its answer, in the
                 # order requests registered, so the producer's sequence order holds.
                 pending = _VerifiedAppend(verdict)
-                verdict.continuations.append(
-                    lambda answer: pending.resume(self._append_verified(
-                        topic, index, records, acks, result, answer)))
+
+                def resume(answer: Verdict) -> None:
+                    try:
+                        pending.wait = self._append_verified(topic, index, records, acks,
+                                                             result, answer)
+                    except Exception:  # never answer "appended" for a batch that was not
+                        log.exception("appending to %s-%d after verification", topic, index)
+                        _record_error(result, ErrorCode.UNKNOWN_SERVER_ERROR,
+                                      "internal error after transaction verification")
+
+                verdict.continuations.append(resume)
                 return result, pending
             if verdict is not None:  # KIP-890 part 1: only partitions added to the txn
                 return _record_error(result, ErrorCode(verdict[0]), verdict[1]), None
@@ -943,14 +951,12 @@ def _close_regions(body: Body) -> None:
 
 @dataclass(eq=False)
 class _VerifiedAppend:
-    """A transactional append waiting for its coordinator's verify_only answer; ``resume``
-    runs (synchronously) when the answer arrives, before ``verification.done`` is set."""
+    """A transactional append waiting for its coordinator's verify_only answer; the append
+    runs (synchronously) when the answer arrives, before ``verification.done`` is set, and
+    leaves its acknowledgement wait in ``wait``."""
 
     verification: PendingVerification
     wait: _AckWait | None = None
-
-    def resume(self, wait: _AckWait | None) -> None:
-        self.wait = wait
 
 
 @dataclass(eq=False)

@@ -2,8 +2,10 @@
 ``schemas.py``: snake_case of Kafka's message JSON, cross-checked by
 ``tests/unit/test_schemas.py``.
 
-Ranges follow ``shared/reference/kafka-compatibility.md`` §2.3: AddPartitionsToTxn 0-3 (never
-4+, the broker-to-broker VerifyOnly form), AddOffsetsToTxn 0-3, EndTxn 0-3 (never 5, KIP-890
+Ranges follow ``shared/reference/kafka-compatibility.md`` §2.3: AddPartitionsToTxn 0-3 for
+clients; v4 (the broker-to-broker batched form with VerifyOnly, KIP-890 part 1) is decoded and
+served for partition leaders but never advertised (``raftlog.txn.txn_apis.install`` caps the
+advertised range at 3), AddOffsetsToTxn 0-3, EndTxn 0-3 (never 5, KIP-890
 part 2), TxnOffsetCommit 0-3; the operator APIs DescribeProducers 0, DescribeTransactions 0,
 ListTransactions 0-1. WriteTxnMarkers is internal (coordinator -> partition leaders),
 served but not advertised.
@@ -16,14 +18,29 @@ from raftlog.fetch.codec import Field as F
 from raftlog.fetch.schemas import APIS_BY_KEY
 
 _TOPIC_PARTITIONS = [F("name", "string"), F("partitions", "[]int32")]
+_TOPIC_RESULTS = [
+    F("name", "string"),
+    F("results_by_partition", [F("partition_index", "int32"), F("partition_error_code", "int16")]),
+]
 
 ADD_PARTITIONS_TO_TXN = Api(
     key=24,
     name="AddPartitionsToTxn",
     min_version=0,
-    max_version=3,
+    max_version=4,
     flexible="3+",
     request=[
+        F(
+            "transactions",
+            [
+                F("transactional_id", "string"),
+                F("producer_id", "int64"),
+                F("producer_epoch", "int16"),
+                F("verify_only", "bool", default=False),
+                F("topics", _TOPIC_PARTITIONS),
+            ],
+            "4+",
+        ),
         F("v3_and_below_transactional_id", "string", "0-3"),
         F("v3_and_below_producer_id", "int64", "0-3"),
         F("v3_and_below_producer_epoch", "int16", "0-3"),
@@ -31,17 +48,16 @@ ADD_PARTITIONS_TO_TXN = Api(
     ],
     response=[
         F("throttle_time_ms", "int32"),
+        F("error_code", "int16", "4+"),
         F(
-            "results_by_topic_v3_and_below",
-            [
-                F("name", "string"),
-                F("results_by_partition",
-                  [F("partition_index", "int32"), F("partition_error_code", "int16")]),
-            ],
-            "0-3",
+            "results_by_transaction",
+            [F("transactional_id", "string"), F("topic_results", _TOPIC_RESULTS)],
+            "4+",
         ),
+        F("results_by_topic_v3_and_below", _TOPIC_RESULTS, "0-3"),
     ],
 )
+ADVERTISED_ADD_PARTITIONS_MAX_VERSION = 3  # v4+ is broker-to-broker only
 
 ADD_OFFSETS_TO_TXN = Api(
     key=25,

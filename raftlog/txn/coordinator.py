@@ -232,6 +232,29 @@ def end_txn(current: TxnMetadata | None, producer_id: int, epoch: int, commit: b
     return Transition(ErrorCode.INVALID_TXN_STATE)
 
 
+def verify_partitions(current: TxnMetadata | None, producer_id: int, epoch: int,
+                      partitions: Iterable[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+    """AddPartitionsToTxn v4+ with verify_only (KIP-890 part 1, Kafka's
+    ``handleVerifyPartitionsInTransaction``): changes nothing; a partition is verified (NONE)
+    when the producer's current epoch has an Ongoing transaction that lists it."""
+    wanted = list(partitions)
+
+    def every(code: ErrorCode) -> dict[TopicPartition, ErrorCode]:
+        return dict.fromkeys(wanted, code)
+
+    if current is None or current.state == TxnState.DEAD:
+        return every(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    fenced = _fence(current, producer_id, epoch)
+    if fenced is not None:
+        return every(fenced)
+    if current.state.preparing:
+        return every(ErrorCode.CONCURRENT_TRANSACTIONS)  # retriable: ask again later
+    if current.state != TxnState.ONGOING:
+        return every(ErrorCode.INVALID_TXN_STATE)
+    return {tp: ErrorCode.NONE if tp in current.partitions else ErrorCode.INVALID_TXN_STATE
+            for tp in wanted}
+
+
 def complete(current: TxnMetadata, now_ms: int) -> TxnMetadata:
     """Prepare* → Complete* once every marker is written."""
     assert current.state.preparing, current

@@ -1,7 +1,8 @@
 """Handlers of the transaction APIs: InitProducerId with a transactional id (delegated from
-``raftlog.txn.apis``), AddPartitionsToTxn (24, v0-3), AddOffsetsToTxn (25, v0-3), EndTxn (26,
-v0-3), the internal WriteTxnMarkers (27, v0-1), FindCoordinator key_type 1, and the operator
-APIs DescribeProducers (61, v0), DescribeTransactions (65, v0) and ListTransactions (66, v0-1).
+``raftlog.txn.apis``), AddPartitionsToTxn (24, v0-3; v4 with verify_only between brokers, not
+advertised), AddOffsetsToTxn (25, v0-3), EndTxn (26, v0-3), the internal WriteTxnMarkers (27,
+v0-1), FindCoordinator key_type 1, and the operator APIs DescribeProducers (61, v0),
+DescribeTransactions (65, v0) and ListTransactions (66, v0-1).
 TxnOffsetCommit (28) is a group API (``raftlog.group.txn_offsets``).
 
 AddOffsetsToTxn adds the group's ``__consumer_offsets`` partition (``abs(javaHash(group)) %
@@ -22,10 +23,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import CREATE_TOPICS, FIND_COORDINATOR
+from raftlog.fetch.schemas import API_VERSIONS, CREATE_TOPICS, FIND_COORDINATOR
 from raftlog.fetch.schemas_txn import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
+    ADVERTISED_ADD_PARTITIONS_MAX_VERSION,
     DESCRIBE_PRODUCERS,
     DESCRIBE_TRANSACTIONS,
     END_TXN,
@@ -124,6 +126,8 @@ class TxnApis:
     def add_partitions_to_txn(self, ctx: RequestContext) -> HandlerResult:
         request = ctx.body
         version = ctx.header.api_version
+        if version >= 4:
+            return self._add_partitions_batched(request)
         wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
         image = self.service.quorum.image
         unknown = {(t, p) for t, p in wanted if t not in image.topics or t == TXN_TOPIC
@@ -150,6 +154,35 @@ class TxnApis:
             return body({tp: code for tp in wanted})
 
         return add
+
+    def _add_partitions_batched(self, request: Any) -> HandlerResult:
+        """v4+, from partition leaders (KIP-890 part 1): several transactions per request;
+        with verify_only nothing is added, each partition is answered NONE when it is in the
+        producer's Ongoing transaction (``TxnCoordinatorService.verify_partitions``)."""
+
+        def result(txn_id: str, codes: Mapping[tuple[str, int], int]) -> Body:
+            topics: dict[str, list[Body]] = {}
+            for (topic, index), code in codes.items():
+                topics.setdefault(topic, []).append(
+                    {"partition_index": index, "partition_error_code": int(code)})
+            return {"transactional_id": txn_id, "topic_results": [
+                {"name": name, "results_by_partition": parts} for name, parts in topics.items()]}
+
+        async def handle() -> Body:
+            results = []
+            for txn in request.transactions:
+                wanted = [(t.name, p) for t in txn.topics for p in t.partitions]
+                if txn.verify_only:
+                    codes = self.service.verify_partitions(
+                        txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted)
+                else:
+                    code = await self.service.add_partitions(
+                        txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted)
+                    codes = dict.fromkeys(wanted, code)
+                results.append(result(txn.transactional_id, codes))
+            return {"throttle_time_ms": 0, "error_code": 0, "results_by_transaction": results}
+
+        return handle
 
     # -- AddOffsetsToTxn --------------------------------------------------------------------------
 
@@ -328,7 +361,8 @@ def install(
                                     create_topic=create_topic, settings=settings,
                                     pending_offsets=pending_offsets)
     txn_apis = TxnApis(service, find_coordinator_fallback=handlers.get(FIND_COORDINATOR.key))
-    apis.txn_verifier = service.verify_transactional_produce
+    apis.txn_verifier = service.verify_by_producer_id
+    apis.txn_produce_verifier = service.verify_transactional_produce
     producer_apis.transactional_init = txn_apis.init_producer_id
     table = txn_apis.handlers()
     if set_transaction_lookup is not None:
@@ -336,4 +370,24 @@ def install(
         del table[FIND_COORDINATOR.key]
         set_transaction_lookup(service.locate)
     handlers.update(table)
+    _cap_advertised_add_partitions(handlers)
     return service
+
+
+def _cap_advertised_add_partitions(handlers: dict[int, Handler]) -> None:
+    """AddPartitionsToTxn v4+ is for brokers only (Kafka: "versions 3 and below will be
+    exclusively used by clients"): it is served, but ApiVersions advertises at most v3."""
+    advertise = handlers.get(API_VERSIONS.key)
+    if advertise is None:
+        return
+
+    def api_versions(ctx: RequestContext) -> HandlerResult:
+        body = advertise(ctx)
+        if isinstance(body, dict):
+            for entry in body.get("api_keys", ()):
+                if entry["api_key"] == ADD_PARTITIONS_TO_TXN.key:
+                    entry["max_version"] = min(entry["max_version"],
+                                               ADVERTISED_ADD_PARTITIONS_MAX_VERSION)
+        return body
+
+    handlers[API_VERSIONS.key] = api_versions  # type: ignore[assignment]

@@ -105,3 +105,29 @@ def test_metadata_roundtrip() -> None:
                                   groups=["g"]).new
     assert ongoing is not None
     assert core.decode_metadata("t", core.encode_metadata(ongoing)) == ongoing
+
+
+def test_verify_partitions_answers_without_changing_anything() -> None:
+    """AddPartitionsToTxn v4 verify_only (KIP-890 part 1), the coordinator's answer."""
+    meta = _init().new
+    assert meta is not None
+    pid = meta.producer_id
+    assert core.verify_partitions(None, pid, 0, [("a", 0)]) == \
+        {("a", 0): ErrorCode.INVALID_PRODUCER_ID_MAPPING}
+    assert core.verify_partitions(meta, pid, 0, [("a", 0)]) == \
+        {("a", 0): ErrorCode.INVALID_TXN_STATE}  # Empty: no transaction open
+    added = core.add_partitions(meta, pid, 0, [("a", 0)], 10).new
+    assert added is not None
+    assert core.verify_partitions(added, pid, 0, [("a", 0), ("a", 1)]) == {
+        ("a", 0): ErrorCode.NONE, ("a", 1): ErrorCode.INVALID_TXN_STATE}
+    assert core.verify_partitions(added, pid, 1, [("a", 0)]) == \
+        {("a", 0): ErrorCode.PRODUCER_FENCED}
+    assert core.verify_partitions(added, pid + 1, 0, [("a", 0)]) == \
+        {("a", 0): ErrorCode.INVALID_PRODUCER_ID_MAPPING}
+    preparing = core.end_txn(added, pid, 0, True, 11).new
+    assert preparing is not None
+    assert core.verify_partitions(preparing, pid, 0, [("a", 0)]) == \
+        {("a", 0): ErrorCode.CONCURRENT_TRANSACTIONS}  # retriable: ask again
+    done = core.complete(preparing, 12)
+    assert core.verify_partitions(done, pid, 0, [("a", 0)]) == \
+        {("a", 0): ErrorCode.INVALID_TXN_STATE}
