@@ -177,6 +177,14 @@ class Api:
     rejected: frozenset[int] = field(default_factory=frozenset)
     # Broker-to-controller APIs: served, but not advertised to clients in ApiVersions.
     internal: bool = False
+    # Versions above this are served but not advertised (AddPartitionsToTxn v4+ is for
+    # brokers only); None advertises up to max_version.
+    advertised_max_version: int | None = None
+
+    @property
+    def advertised_max(self) -> int:
+        limit = self.advertised_max_version
+        return self.max_version if limit is None else min(limit, self.max_version)
 
     def is_flexible(self, version: int) -> bool:
         return version in VersionRange.parse(self.flexible)

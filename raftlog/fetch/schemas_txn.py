@@ -56,8 +56,8 @@ ADD_PARTITIONS_TO_TXN = Api(
         ),
         F("results_by_topic_v3_and_below", _TOPIC_RESULTS, "0-3"),
     ],
+    advertised_max_version=3,  # v4+ (verify_only, KIP-890) is broker-to-broker only
 )
-ADVERTISED_ADD_PARTITIONS_MAX_VERSION = 3  # v4+ is broker-to-broker only
 
 ADD_OFFSETS_TO_TXN = Api(
     key=25,

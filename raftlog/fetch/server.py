@@ -189,7 +189,7 @@ async def _finish_deferred(slot: _Slot, deferred: Deferred) -> None:
 
 def api_versions_body(error: ErrorCode, handlers: dict[int, Handler]) -> Body:
     keys = [
-        {"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
+        {"api_key": api.key, "min_version": api.min_version, "max_version": api.advertised_max}
         for api in sorted(APIS_BY_KEY.values(), key=lambda a: a.key)
         if api.key in handlers and not api.internal
     ]

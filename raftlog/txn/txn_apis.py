@@ -23,11 +23,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import API_VERSIONS, CREATE_TOPICS, FIND_COORDINATOR
+from raftlog.fetch.schemas import CREATE_TOPICS, FIND_COORDINATOR
 from raftlog.fetch.schemas_txn import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
-    ADVERTISED_ADD_PARTITIONS_MAX_VERSION,
     DESCRIBE_PRODUCERS,
     DESCRIBE_TRANSACTIONS,
     END_TXN,
@@ -370,24 +369,4 @@ def install(
         del table[FIND_COORDINATOR.key]
         set_transaction_lookup(service.locate)
     handlers.update(table)
-    _cap_advertised_add_partitions(handlers)
     return service
-
-
-def _cap_advertised_add_partitions(handlers: dict[int, Handler]) -> None:
-    """AddPartitionsToTxn v4+ is for brokers only (Kafka: "versions 3 and below will be
-    exclusively used by clients"): it is served, but ApiVersions advertises at most v3."""
-    advertise = handlers.get(API_VERSIONS.key)
-    if advertise is None:
-        return
-
-    def api_versions(ctx: RequestContext) -> HandlerResult:
-        body = advertise(ctx)
-        if isinstance(body, dict):
-            for entry in body.get("api_keys", ()):
-                if entry["api_key"] == ADD_PARTITIONS_TO_TXN.key:
-                    entry["max_version"] = min(entry["max_version"],
-                                               ADVERTISED_ADD_PARTITIONS_MAX_VERSION)
-        return body
-
-    handlers[API_VERSIONS.key] = api_versions  # type: ignore[assignment]
