@@ -81,6 +81,7 @@ class Node:
         self._configured = config
         self.data_dir = Path(config.log_dirs[0])
         self.manager = PartitionManager(self.data_dir, config.node_id)
+        self.manager.producer_id_expiration_ms = config.producer_id_expiration_ms
         self.kafka_port: int | None = None
         self.quorum: Quorum | None = None
         self.controller: ControllerService | None = None

@@ -32,7 +32,7 @@ import trio
 from raftlog.partition.log import FlushTicket, LogConfig, PartitionLog, describe_os_error
 from raftlog.partition.replica_state import LeaderState
 from raftlog.partition.txn_index import TxnIndex, rebuild_txn_index
-from raftlog.txn.producer_state import ProducerStateManager
+from raftlog.txn.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT, ProducerStateManager
 from raftlog.txn.snapshot import (
     load_producer_state,
     log_headers,
@@ -238,6 +238,7 @@ class PartitionManager:
         # Whether a follower counts for the HW while joining: set by the ReplicaManager.
         self.is_replica_eligible: Callable[[int], bool] = lambda node_id: True
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
+        self.producer_id_expiration_ms = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # the node sets it
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
@@ -413,7 +414,7 @@ class PartitionManager:
         forget producers idle longer than producer.id.expiration.ms."""
         now = now_ms()
         for partition in list(self.partitions.values()):
-            partition.producers.expire(now)
+            partition.producers.expire(now, self.producer_id_expiration_ms)
             snapshot = partition.producer_snapshot()
             if snapshot is None:
                 continue
