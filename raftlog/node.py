@@ -54,6 +54,7 @@ from raftlog.group import install as install_groups
 from raftlog.metadata.controller_service import ControllerService, settings_from_config
 from raftlog.metadata.quorum import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
 from raftlog.metadata.state import MetadataStateMachine
+from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.replication import ReplicaManager, ReplicationSettings
 from raftlog.txn.apis import ProducerApis
@@ -82,6 +83,9 @@ class Node:
         self.data_dir = Path(config.log_dirs[0])
         self.manager = PartitionManager(self.data_dir, config.node_id)
         self.manager.producer_id_expiration_ms = config.producer_id_expiration_ms
+        self.cleaner = LogCleaner(self.manager, CleanerSettings(
+            enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
+            dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
         self.kafka_port: int | None = None
         self.quorum: Quorum | None = None
         self.controller: ControllerService | None = None
@@ -170,6 +174,7 @@ class Node:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.manager.run_flusher)
                 nursery.start_soon(self.manager.run_retention)
+                nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 self.kafka_port = await nursery.start(

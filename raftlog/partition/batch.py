@@ -40,6 +40,7 @@ __all__ = [
     "build_batch",
     "check_batch",
     "check_record_count",
+    "check_stored_record_count",
     "decode_records",
     "parse_header",
     "validate_batches",
@@ -184,15 +185,35 @@ def check_record_count(header: BatchHeader, *, allow_control: bool) -> None:
         raise InvalidRecordError("clients may not produce control batches")
 
 
-def validate_batches(records: Buffer, *, allow_control: bool = False) -> list[BatchHeader]:
-    """Validate a buffer of v2 batches that must exactly cover it; return their headers."""
+def check_stored_record_count(header: BatchHeader) -> None:
+    """The looser check for batches already in a log (a follower's copy, recovery): log
+    compaction keeps a batch's ``lastOffsetDelta`` but may remove any of its records, down
+    to none (an empty batch kept for its producer state or to mark the segment's end), so
+    ``0 <= recordsCount <= lastOffsetDelta + 1``. Raises InvalidRecordError."""
+    if header.last_offset_delta < 0 or not 0 <= header.records_count <= \
+            header.last_offset_delta + 1:
+        raise InvalidRecordError(
+            f"batch at offset {header.base_offset}: recordsCount {header.records_count}, "
+            f"lastOffsetDelta {header.last_offset_delta}"
+        )
+
+
+def validate_batches(
+    records: Buffer, *, allow_control: bool = False, stored: bool = False
+) -> list[BatchHeader]:
+    """Validate a buffer of v2 batches that must exactly cover it; return their headers.
+    ``stored``: the batches come from another replica's log, so compacted batches (fewer
+    records than their offset span) are accepted (``check_stored_record_count``)."""
     if len(records) == 0:
         raise InvalidRecordError("no record batches")
     headers: list[BatchHeader] = []
     position = 0
     while position < len(records):
         header = check_batch(records, position)
-        check_record_count(header, allow_control=allow_control)
+        if stored:
+            check_stored_record_count(header)
+        else:
+            check_record_count(header, allow_control=allow_control)
         headers.append(header)
         position += header.size_bytes
     assert position == len(records)

@@ -52,10 +52,13 @@ from raftlog.partition.index import INT32_MAX
 from raftlog.partition.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    SEGMENT_SUFFIXES,
     TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
     FileSlice,
     Segment,
     parse_base_offset,
+    segment_file_name,
 )
 
 __all__ = [
@@ -78,6 +81,18 @@ LOG_APPEND_TIME = "LogAppendTime"
 _DAY_MS = 24 * 60 * 60 * 1000
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset"
 _CHECKPOINT_VERSION = "0"
+# Log compaction builds a replacement segment as ``<files>.cleaned``, renames it to ``.swap``
+# (the commit point: a ``.log.swap`` means "this replaces the segments it covers"), then
+# over the old files. See ``PartitionLog.replace_segments`` and ``_finish_swaps``.
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+# Tests set this to raise at a named step of the swap, to simulate a crash there.
+swap_crash_hook: Callable[[str], None] | None = None
+
+
+def _swap_step(name: str) -> None:
+    if swap_crash_hook is not None:
+        swap_crash_hook(name)
 
 
 # --- configuration ---------------------------------------------------------------------------
@@ -101,6 +116,22 @@ class LogConfig:
     # message.timestamp.type; a plain str because topic configs arrive as strings.
     message_timestamp_type: str = CREATE_TIME
     max_message_bytes: int = 1048588  # max.message.bytes: the largest batch accepted
+    # cleanup.policy: "delete", "compact" or "compact,delete". Time and size retention apply
+    # only with "delete" (Kafka), compaction only with "compact" (``cleaner_service``).
+    cleanup_policy: str = "delete"
+    delete_retention_ms: int = _DAY_MS  # delete.retention.ms: how long tombstones stay
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+
+    @property
+    def deletes(self) -> bool:
+        """Whether time/size retention deletes segments (``delete`` in cleanup.policy)."""
+        return "delete" in {p.strip() for p in self.cleanup_policy.split(",")}
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the cleaner compacts this log (``compact`` in cleanup.policy)."""
+        return "compact" in {p.strip() for p in self.cleanup_policy.split(",")}
 
     def __post_init__(self) -> None:
         # Positions in the offset index are int32, so a segment must fit in one.
@@ -114,6 +145,9 @@ class LogConfig:
         timestamp_types = (CREATE_TIME, LOG_APPEND_TIME)
         _require(self.message_timestamp_type in timestamp_types, "message_timestamp_type")
         _require(self.max_message_bytes >= RECORD_BATCH_OVERHEAD, "max_message_bytes")
+        _require(self.delete_retention_ms >= 0, "delete_retention_ms")
+        _require(0.0 <= self.min_cleanable_dirty_ratio <= 1.0, "min_cleanable_dirty_ratio")
+        _require(self.min_compaction_lag_ms >= 0, "min_compaction_lag_ms")
 
 
 def _require(condition: bool, name: str) -> None:
@@ -195,9 +229,12 @@ class FlushTicket:
         segment_sizes: dict[int, int],
         generation: int,
         directory_version: int | None,
+        txn_index_sizes: dict[int, int] | None = None,
     ) -> None:
         self.target_offset = target_offset
         self.segment_sizes = segment_sizes  # base offset -> bytes this ticket makes durable
+        # base offset -> .txnindex bytes this ticket makes durable
+        self.txn_index_sizes = {} if txn_index_sizes is None else txn_index_sizes
         self.generation = generation
         self.directory_version = directory_version
         self.synced = False
@@ -274,6 +311,7 @@ class PartitionLog:
         if not directory.is_dir():
             directory.mkdir(parents=True)
             fsync_directory(directory.parent)  # the new directory's name must survive a crash
+        _finish_swaps(directory, config.index_interval_bytes)
         _remove_leftovers(directory)
         checkpoint = _read_checkpoint(directory)
         segments = _load_segments(directory, config, now_ms)
@@ -348,6 +386,102 @@ class PartitionLog:
     def _active(self) -> Segment:
         return self._segments[-1]
 
+    @property
+    def segments(self) -> list[Segment]:
+        """The segments, oldest first (a copy; the last one is active). For the cleaner and
+        the transaction index, which only read them."""
+        return list(self._segments)
+
+    @property
+    def generation(self) -> int:
+        """Moves whenever a truncation or reset replaces the log's tail."""
+        return self._generation
+
+    # --- aborted-transaction index files ---------------------------------------------------
+
+    def append_txn_index(self, segment_base: int, data: bytes) -> None:
+        """Append ``.txnindex`` entries to the segment starting at ``segment_base`` (fsynced
+        by the next flush ticket, before the segment's log data). A failed write removes the
+        file, so the next open rebuilds it from the log; it is logged, not raised: the ABORT
+        marker is in the log and the in-memory index has the entry."""
+        for segment in self._segments:
+            if segment.base_offset == segment_base:
+                try:
+                    segment.append_txn_index(data)
+                except OSError as error:
+                    logger.warning("%s: cannot append to %s (%s); it is rebuilt on the next "
+                                   "open", self.name, segment.txn_index_path,
+                                   describe_os_error(error))
+                return
+
+    # --- compaction ------------------------------------------------------------------------
+
+    def replace_segments(self, old: Sequence[Segment], cleaned: Segment) -> bool:
+        """Swap the consecutive sealed segments ``old`` for ``cleaned``, their compacted copy
+        (built by the cleaner with ``file_suffix=CLEANED_SUFFIX``, sealed and fsynced, same
+        base offset as ``old[0]``, ending where ``old[-1]`` ends). Blocking and crash-safe:
+
+        1. rename ``cleaned``'s index files to ``.swap``, fsync the directory; rename its
+           ``.log`` to ``.log.swap``, fsync the directory: from here recovery completes the
+           swap (``_finish_swaps``), before it the ``.cleaned``/``.swap`` files are discarded;
+        2. unlink the files of ``old[1:]``;
+        3. rename the ``.swap`` index files, then the ``.log.swap``, over ``old[0]``'s files;
+           fsync the directory.
+
+        False (nothing changed, ``cleaned`` deleted) when ``old`` is no longer part of the
+        log as it was (retention, truncation or another swap got there first). Readers
+        holding FileSlices keep reading the old files through their own fds.
+        """
+        assert not self._closed and old and cleaned.sealed
+        first = next((i for i, s in enumerate(self._segments) if s is old[0]), None)
+        if first is None or self._segments[first:first + len(old)] != list(old) or \
+                first + len(old) >= len(self._segments) or \
+                not all(segment.sealed for segment in old) or \
+                cleaned.base_offset != old[0].base_offset or \
+                cleaned.next_offset != old[-1].next_offset:
+            cleaned.delete()
+            return False
+        directory = self.directory
+        try:
+            _swap_step("rename-indexes-to-swap")
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+                path = cleaned.path_for(suffix)
+                os.replace(path, path.with_name(path.name.removesuffix(CLEANED_SUFFIX)
+                                                + SWAP_SUFFIX))
+            fsync_directory(directory)
+            _swap_step("rename-log-to-swap")
+            os.replace(cleaned.log_path, directory / (
+                segment_file_name(cleaned.base_offset, LOG_SUFFIX) + SWAP_SUFFIX))
+            fsync_directory(directory)
+        except OSError:  # not committed: the old segments stand; drop the new files
+            cleaned.close()
+            for suffix in SEGMENT_SUFFIXES:
+                for extra in (CLEANED_SUFFIX, SWAP_SUFFIX):
+                    with contextlib.suppress(OSError):
+                        (directory / (segment_file_name(cleaned.base_offset, suffix)
+                                      + extra)).unlink()
+            raise
+        cleaned.file_suffix = SWAP_SUFFIX
+        # Committed: the log is now ``cleaned`` in place of ``old``, whatever happens next.
+        self._segments[first:first + len(old)] = [cleaned]
+        try:
+            _swap_step("delete-old-segments")
+            for segment in old[1:]:
+                segment.delete()
+            for segment in old[:1]:
+                segment.close()
+            _swap_step("rename-swap-over-old")
+            _install_swap(directory, cleaned.base_offset)
+            cleaned.file_suffix = ""
+            _swap_step("fsync-directory")
+            fsync_directory(directory)
+        except OSError as error:  # the next open completes the swap (_finish_swaps)
+            self.mark_offline(f"compaction swap at offset {cleaned.base_offset}", error)
+            raise
+        self._directory_version += 1
+        self._check_invariants()
+        return True
+
     # --- append ----------------------------------------------------------------------------
 
     def append(
@@ -390,19 +524,21 @@ class PartitionLog:
         """Append batches exactly as the leader wrote them (a follower's append): offsets,
         partitionLeaderEpoch and timestamps are kept, control batches are allowed.
 
-        Checks every header and CRC, that the first batch starts at ``log_end_offset`` and
-        that the batches are contiguous. Raises CorruptRecordError, InvalidRecordError,
-        UnexpectedOffsetError or KafkaStorageError and then writes nothing. Not fsynced: see
-        flush.
+        Checks every header and CRC, that the first batch starts at or after
+        ``log_end_offset`` and that offsets increase (gaps are a compacted leader's).
+        Raises CorruptRecordError, InvalidRecordError, UnexpectedOffsetError or
+        KafkaStorageError and then writes nothing. Not fsynced: see flush.
         """
         assert not self._closed
-        headers = validate_batches(records, allow_control=True)
+        headers = validate_batches(records, allow_control=True, stored=True)
         self._check_writable()
         expected_offset = self.log_end_offset
         for header in headers:
-            if header.base_offset != expected_offset:
+            # A compacted leader's log has gaps (removed batches), so a batch may start past
+            # the expected offset; never before it (that would overlap what is here).
+            if header.base_offset < expected_offset:
                 raise UnexpectedOffsetError(
-                    f"replicated batch at offset {header.base_offset}, expected "
+                    f"replicated batch at offset {header.base_offset}, expected at least "
                     f"{expected_offset} (log end offset {self.log_end_offset})"
                 )
             expected_offset = header.next_offset
@@ -593,11 +729,20 @@ class PartitionLog:
         if self._offline_reason is not None:
             return None  # never fsync again after a failure: see mark_offline
         dirty = [s for s in self._segments if s.size_bytes > s.flushed_size_bytes]
+        txn_dirty = [s for s in self._segments
+                     if s.txn_index_written_bytes > s.txn_index_synced_bytes]
         directory_dirty = self._directory_version != self._directory_synced_version
-        if not dirty and not directory_dirty and self._flushed_offset == self.log_end_offset:
+        if not dirty and not directory_dirty and not txn_dirty and \
+                self._flushed_offset == self.log_end_offset:
             return None
         fds: list[int] = []
+        txn_index_sizes: dict[int, int] = {}
         try:
+            for segment in txn_dirty:  # before the log: an ABORT marker never outlives its entry
+                fd = segment.txn_index_sync_fd()
+                if fd is not None:
+                    fds.append(fd)
+                txn_index_sizes[segment.base_offset] = segment.txn_index_written_bytes
             for segment in dirty:
                 fds.append(segment.dup_fd())
             if directory_dirty:  # last: new files' data is synced before their names are
@@ -614,6 +759,7 @@ class PartitionLog:
             segment_sizes={segment.base_offset: segment.size_bytes for segment in dirty},
             generation=self._generation,
             directory_version=self._directory_version if directory_dirty else None,
+            txn_index_sizes=txn_index_sizes,
         )
 
     def complete_flush(self, ticket: FlushTicket) -> None:
@@ -626,6 +772,9 @@ class PartitionLog:
         for segment in self._segments:
             synced_bytes = ticket.segment_sizes.get(segment.base_offset, 0)
             segment.flushed_size_bytes = max(segment.flushed_size_bytes, synced_bytes)
+            txn_synced = ticket.txn_index_sizes.get(segment.base_offset, 0)
+            segment.txn_index_synced_bytes = max(segment.txn_index_synced_bytes,
+                                                 min(txn_synced, segment.txn_index_written_bytes))
         if ticket.directory_version is not None:
             self._directory_synced_version = max(
                 self._directory_synced_version, ticket.directory_version
@@ -651,12 +800,21 @@ class PartitionLog:
         self._check_offset_in_range(offset)
         if offset == self.log_end_offset:
             return LogRead([])
-        segment = self._segment_for(offset)
-        assert segment.base_offset <= offset < segment.next_offset, "segments are contiguous"
-        piece = segment.read(
-            offset, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch
-        )
-        return LogRead([] if piece is None else [piece])
+        slot = self._segment_slot(offset)
+        # Compaction leaves gaps: an offset that was cleaned away reads from the next batch,
+        # in a later segment if this one has nothing at or after it.
+        for segment in self._segments[slot:]:
+            if max_offset is not None and segment.base_offset >= max_offset:
+                break
+            start = max(offset, segment.base_offset)
+            piece = segment.read(
+                start, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch
+            )
+            if piece is not None:
+                return LogRead([piece])
+            if segment.find_batch(start) is not None:
+                break  # a batch is there but does not fit (max_bytes, max_offset)
+        return LogRead([])
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first batch whose maxTimestamp >= ``timestamp_ms``, for
@@ -677,10 +835,10 @@ class PartitionLog:
                 f"offset {offset} outside [{self._log_start_offset}, {self.log_end_offset}]"
             )
 
-    def _segment_for(self, offset: int) -> Segment:
+    def _segment_slot(self, offset: int) -> int:
         slot = bisect_right(self._segments, offset, key=lambda segment: segment.base_offset) - 1
         assert slot >= 0, f"offset {offset} precedes the first segment"
-        return self._segments[slot]
+        return slot
 
     # --- retention and truncation ----------------------------------------------------------
 
@@ -706,8 +864,9 @@ class PartitionLog:
         return count
 
     def _deletable_segment_count(self, now_ms: int) -> int:
-        retention_ms = self.config.retention_ms
-        retention_bytes = self.config.retention_bytes
+        # cleanup.policy=compact alone keeps every segment (the cleaner shrinks them instead).
+        retention_ms = self.config.retention_ms if self.config.deletes else -1
+        retention_bytes = self.config.retention_bytes if self.config.deletes else -1
         excess_bytes = self.size_bytes - retention_bytes
         count = 0
         for segment in self._segments[:-1]:
@@ -814,13 +973,70 @@ def _reparse_headers(
     return written
 
 
+def _install_swap(directory: Path, base_offset: int) -> None:
+    """Rename the ``.swap`` files of the segment at ``base_offset`` over its final names:
+    index files first, the ``.log`` last (an index ``.swap`` missing while the ``.log.swap``
+    is there was already renamed: step 1 of ``replace_segments`` made them all)."""
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LOG_SUFFIX):
+        final = directory / segment_file_name(base_offset, suffix)
+        swap = final.with_name(final.name + SWAP_SUFFIX)
+        if swap.exists():
+            os.replace(swap, final)
+
+
+def _swap_end_offset(path: Path, base_offset: int, index_interval_bytes: int) -> int | None:
+    """The offset after the last batch of a ``.log.swap`` file, or None if unreadable."""
+    segment = Segment.open_existing(path.parent, base_offset, index_interval_bytes,
+                                    file_suffix=SWAP_SUFFIX)
+    try:
+        end: int | None = base_offset
+        for _, header in segment.iter_headers(0):
+            end = header.next_offset
+        return end
+    except PartitionLogError:
+        return None
+    finally:
+        segment.close()
+
+
+def _finish_swaps(directory: Path, index_interval_bytes: int) -> None:
+    """Crash recovery of compaction swaps (``PartitionLog.replace_segments``): a
+    ``<base>.log.swap`` is a complete, fsynced replacement of every segment whose base offset
+    lies in ``[base, its end)``; delete those and rename the swap into place. Without a
+    ``.log.swap`` the swap never committed: its ``.cleaned`` and index ``.swap`` files are
+    deleted by ``_remove_leftovers`` and the old segments stay."""
+    swaps = sorted(
+        offset for path in directory.glob("*" + LOG_SUFFIX + SWAP_SUFFIX)
+        if (offset := parse_base_offset(path, LOG_SUFFIX + SWAP_SUFFIX)) is not None
+    )
+    for base in swaps:
+        swap_path = directory / (segment_file_name(base, LOG_SUFFIX) + SWAP_SUFFIX)
+        end = _swap_end_offset(swap_path, base, index_interval_bytes)
+        if end is None:  # fsynced before the commit rename, so this is not a crash's doing
+            logger.error("%s: unreadable compaction swap file; keeping the old segments",
+                         swap_path)
+            swap_path.unlink()
+            continue
+        for path in directory.glob("*" + LOG_SUFFIX):
+            covered = parse_base_offset(path, LOG_SUFFIX)
+            if covered is not None and base < covered < end:
+                for suffix in SEGMENT_SUFFIXES:
+                    (directory / segment_file_name(covered, suffix)).unlink(missing_ok=True)
+        _install_swap(directory, base)
+        logger.info("%s: completed an interrupted compaction swap of [%d, %d)", directory,
+                    base, end)
+    if swaps:
+        fsync_directory(directory)
+
+
 def _remove_leftovers(directory: Path) -> None:
-    """Delete temp files of interrupted writes and index files whose .log is gone."""
+    """Delete temp files of interrupted writes, uncommitted compaction files and index files
+    whose .log is gone."""
     for path in directory.iterdir():
-        if path.name.endswith(TMP_SUFFIX):
+        if path.name.endswith((TMP_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX)):
             path.unlink()
             continue
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             base_offset = parse_base_offset(path, suffix)
             if base_offset is not None and not path.with_suffix(LOG_SUFFIX).exists():
                 path.unlink()

@@ -31,7 +31,7 @@ import trio
 
 from raftlog.partition.log import FlushTicket, LogConfig, PartitionLog, describe_os_error
 from raftlog.partition.replica_state import LeaderState
-from raftlog.partition.txn_index import TxnIndex, rebuild_txn_index
+from raftlog.partition.txn_index import TxnIndex, open_txn_index, rebuild_txn_index
 from raftlog.txn.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT, ProducerStateManager
 from raftlog.txn.snapshot import (
     load_producer_state,
@@ -79,6 +79,14 @@ def log_config_for(configs: Mapping[str, str]) -> LogConfig:
             "message.timestamp.type", defaults.message_timestamp_type
         ),
         max_message_bytes=int(configs.get("max.message.bytes", defaults.max_message_bytes)),
+        # Log compaction (raftlog.partition.cleaner); retention deletes only with "delete".
+        cleanup_policy=configs.get("cleanup.policy", defaults.cleanup_policy),
+        delete_retention_ms=int(
+            configs.get("delete.retention.ms", defaults.delete_retention_ms)),
+        min_cleanable_dirty_ratio=float(
+            configs.get("min.cleanable.dirty.ratio", defaults.min_cleanable_dirty_ratio)),
+        min_compaction_lag_ms=int(
+            configs.get("min.compaction.lag.ms", defaults.min_compaction_lag_ms)),
     )
 
 
@@ -125,10 +133,16 @@ class Partition:
         """min(HW, first offset of the oldest open transaction): read_committed stops here."""
         return self.txns.last_stable_offset(self.high_watermark)
 
-    def load_txn_index(self) -> None:
+    def load_txn_index(self, *, on_open: bool = False) -> None:
         """Rebuild the transaction index from the log (open, truncation) and keep it fed by
         every later append (``raftlog.partition.txn_index``)."""
-        self.txns = rebuild_txn_index(self.log)
+        if on_open:  # from the .txnindex files + the producer state's open transactions
+            ongoing = {entry.producer_id: entry.current_txn_first_offset
+                       for entry in self.producers.entries()
+                       if entry.current_txn_first_offset >= 0}
+            self.txns = open_txn_index(self.log, ongoing)
+        else:
+            self.txns = rebuild_txn_index(self.log)
         self.log.append_listener = self.txns.observe
 
     @property
@@ -259,7 +273,7 @@ class PartitionManager:
                               isr=(self.node_id,))
         _apply_replication_configs(partition, configs)
         partition.load_producers()
-        partition.load_txn_index()
+        partition.load_txn_index(on_open=True)
         # On open everything recovered is already on disk: visible and durable. (A replicated
         # partition's HW is reset by the ReplicaManager from its checkpoint.)
         partition.high_watermark = partition_log.log_end_offset

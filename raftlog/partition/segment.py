@@ -1,7 +1,14 @@
 """One log segment: a ``.log`` file of v2 record batches plus its sparse indexes.
 
 Files are named by the segment's base offset, zero-padded to 20 digits so ``ls`` sorts them
-numerically (Kafka's ``LogFileUtils``): ``<base>.log``, ``<base>.index``, ``<base>.timeindex``.
+numerically (Kafka's ``LogFileUtils``): ``<base>.log``, ``<base>.index``, ``<base>.timeindex``
+and ``<base>.txnindex`` (aborted transactions whose ABORT marker is in this segment, see
+``txn_index_file``; created empty with the segment, appended to, fsynced with the segment).
+
+Offsets in a segment strictly increase but may have gaps: log compaction removes records and
+whole batches (``cleaner``), and a follower copies the leader's compacted batches as they are.
+A rewritten segment always keeps its last batch (empty if need be), so a sealed segment still
+ends exactly where the next one begins.
 
 The active (last) segment's indexes live only in memory and are rebuilt from the log on
 open; a sealed (rolled) segment's indexes are written and fsynced when it is sealed and are
@@ -23,17 +30,19 @@ from raftlog.partition.batch import (
     BatchHeader,
     check_batch,
     check_header,
-    check_record_count,
+    check_stored_record_count,
     parse_header,
 )
 from raftlog.partition.errors import CorruptRecordError, PartitionLogError
-from raftlog.partition.files import write_all
+from raftlog.partition.files import write_all, write_atomically
 from raftlog.partition.index import INT32_MAX, OffsetIndex, TimeIndex
+from raftlog.partition.txn_index_file import entries_below
 
 __all__ = [
     "INDEX_SUFFIX",
     "LOG_SUFFIX",
     "TIME_INDEX_SUFFIX",
+    "TXN_INDEX_SUFFIX",
     "FileSlice",
     "Segment",
     "parse_base_offset",
@@ -45,6 +54,8 @@ logger = logging.getLogger(__name__)
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 _BASE_OFFSET_DIGITS = 20
 # Header scans pread this much at a time: one syscall then covers every header of a run of
 # small batches, and costs the same as a 61-byte read for large ones.
@@ -95,17 +106,24 @@ class FileSlice:
 
 
 class Segment:
-    """A ``.log`` file of contiguous batches starting at ``base_offset``, with sparse indexes.
+    """A ``.log`` file of batches starting at ``base_offset``, with sparse indexes.
 
-    Invariants: batches are back to back from position 0 to ``size_bytes``; their offsets are
-    contiguous from ``base_offset`` to ``next_offset - 1``; index entries point at batch starts.
+    Invariants: batches are back to back from position 0 to ``size_bytes``; their offsets
+    strictly increase (gaps allowed, see the module docstring) from at least ``base_offset``
+    to ``next_offset - 1``; index entries point at batch starts. ``file_suffix`` (e.g.
+    ``.cleaned``) is appended to every file name: the cleaner builds segments under it.
     """
 
     def __init__(
-        self, directory: Path, base_offset: int, index_interval_bytes: int, read_fd: int
+        self, directory: Path, base_offset: int, index_interval_bytes: int, read_fd: int,
+        file_suffix: str = "",
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
+        self.file_suffix = file_suffix
+        # .txnindex bytes appended so far and how many of them are known to be fsynced.
+        self.txn_index_written_bytes = 0
+        self.txn_index_synced_bytes = 0
         self.index_interval_bytes = index_interval_bytes
         self.index = OffsetIndex(base_offset)
         self.time_index = TimeIndex(base_offset)
@@ -127,49 +145,118 @@ class Segment:
     # --- lifecycle -------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
-        """Create an empty segment. The caller must fsync the directory before relying on it."""
-        log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+    def create(
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, file_suffix: str = ""
+    ) -> Segment:
+        """Create an empty segment (and its empty ``.txnindex``). The caller must fsync the
+        directory before relying on it."""
+        log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix)
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of a deleted namesake
-            (directory / segment_file_name(base_offset, suffix)).unlink(missing_ok=True)
+            (directory / (segment_file_name(base_offset, suffix) + file_suffix)).unlink(
+                missing_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         append_fd = os.open(log_path, flags, 0o644)
+        read_fd = -1
         try:
             read_fd = _open_read(log_path)
+            txn_path = directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX)
+                                    + file_suffix)
+            os.close(os.open(txn_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                             0o644))
         except BaseException:
             # Out of fds: leave nothing behind, or the next roll fails on O_EXCL forever.
             os.close(append_fd)
+            if read_fd >= 0:
+                os.close(read_fd)
             with contextlib.suppress(OSError):
                 log_path.unlink()
             raise
-        segment = cls(directory, base_offset, index_interval_bytes, read_fd)
+        segment = cls(directory, base_offset, index_interval_bytes, read_fd, file_suffix)
         segment._append_fd = append_fd
         return segment
 
     @classmethod
     def open_existing(
-        cls, directory: Path, base_offset: int, index_interval_bytes: int
+        cls, directory: Path, base_offset: int, index_interval_bytes: int, file_suffix: str = ""
     ) -> Segment:
         """Open a segment file; the caller must then call ``load_sealed`` or ``recover``."""
-        log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        segment = cls(directory, base_offset, index_interval_bytes, _open_read(log_path))
+        log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix)
+        segment = cls(directory, base_offset, index_interval_bytes, _open_read(log_path),
+                      file_suffix)
         segment.size_bytes = os.fstat(segment._read_fd).st_size
         return segment
 
+    def path_for(self, suffix: str) -> Path:
+        """This segment's file with ``suffix`` (plus ``file_suffix``)."""
+        return self.directory / (segment_file_name(self.base_offset, suffix) + self.file_suffix)
+
     @property
     def log_path(self) -> Path:
-        return self.directory / segment_file_name(self.base_offset, LOG_SUFFIX)
+        return self.path_for(LOG_SUFFIX)
 
     @property
     def index_path(self) -> Path:
-        return self.directory / segment_file_name(self.base_offset, INDEX_SUFFIX)
+        return self.path_for(INDEX_SUFFIX)
 
     @property
     def time_index_path(self) -> Path:
-        return self.directory / segment_file_name(self.base_offset, TIME_INDEX_SUFFIX)
+        return self.path_for(TIME_INDEX_SUFFIX)
+
+    @property
+    def txn_index_path(self) -> Path:
+        return self.path_for(TXN_INDEX_SUFFIX)
+
+    # --- the aborted-transaction index file (format: txn_index_file) ------------------------
+
+    def append_txn_index(self, data: bytes) -> None:
+        """Append entries to ``.txnindex`` (not fsynced: flush tickets and ``seal`` do it).
+        On an OSError the file is removed, so the next open rebuilds it from the log, and
+        the error is re-raised."""
+        try:
+            fd = os.open(self.txn_index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                         | os.O_CLOEXEC, 0o644)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self.txn_index_path.unlink()
+            raise
+        self.txn_index_written_bytes += len(data)
+
+    def read_txn_index(self) -> bytes | None:
+        """The ``.txnindex`` bytes, or None when the file is missing."""
+        return _read_optional(self.txn_index_path)
+
+    def write_txn_index(self, data: bytes) -> None:
+        """Replace ``.txnindex`` atomically (fsynced, like the other index files)."""
+        write_atomically(self.txn_index_path, data, sync_directory=False)
+        self.txn_index_written_bytes = self.txn_index_synced_bytes = len(data)
+
+    def txn_index_sync_fd(self) -> int | None:
+        """A fd to fsync ``.txnindex`` with, when it has unsynced appends (else None)."""
+        if self.txn_index_written_bytes <= self.txn_index_synced_bytes:
+            return None
+        try:
+            return _open_read(self.txn_index_path)
+        except FileNotFoundError:
+            return None  # removed after a failed append: the next open rebuilds it
+
+    def fsync(self) -> None:
+        """fsync the log file (blocking)."""
+        os.fsync(self._read_fd)
 
     def seal(self) -> None:
-        """Stop appending: record the final max timestamp, write + fsync both index files."""
+        """Stop appending: record the final max timestamp, write + fsync both index files
+        (and the ``.txnindex`` if it has unsynced appends)."""
+        txn_fd = self.txn_index_sync_fd()
+        if txn_fd is not None:
+            try:
+                os.fsync(txn_fd)
+            finally:
+                os.close(txn_fd)
+            self.txn_index_synced_bytes = self.txn_index_written_bytes
         if self.max_timestamp_ms > self.time_index.last_timestamp:
             self.time_index.append(self.max_timestamp_ms, self._offset_of_max_timestamp)
         assert self.time_index.last_timestamp == self.max_timestamp_ms
@@ -189,6 +276,7 @@ class Segment:
         self.close()
         self.log_path.unlink(missing_ok=True)
         self._remove_index_files()
+        self.txn_index_path.unlink(missing_ok=True)
 
     def _remove_index_files(self) -> None:
         self.index_path.unlink(missing_ok=True)
@@ -245,7 +333,7 @@ class Segment:
         """
         assert not self.sealed, "sealed segments are read-only"
         assert self.torn is None, "a torn segment takes no appends until recovery"
-        assert headers and headers[0].base_offset == self.next_offset, "offsets must be contiguous"
+        assert headers and headers[0].base_offset >= self.next_offset, "offsets must increase"
         start = self.size_bytes
         fd = self._writable_fd()
         try:
@@ -269,7 +357,7 @@ class Segment:
 
     def _track_batch(self, header: BatchHeader, position: int) -> None:
         """Account one batch that starts at ``position``: indexes, offsets, size."""
-        assert header.base_offset == self.next_offset, "offsets must be contiguous"
+        assert header.base_offset >= self.next_offset, "offsets must increase"
         assert position == self.size_bytes, "batches must be back to back"
         if self._bytes_since_index_entry >= self.index_interval_bytes:
             self.index.append(header.base_offset, position)
@@ -387,12 +475,14 @@ class Segment:
         check_header(header, available_bytes, position)
         if verify_crc:
             check_batch(os.pread(self._read_fd, header.size_bytes, position))
-        check_record_count(header, allow_control=True)
-        if header.base_offset != expected_offset:
-            # Not CRC-covered, so contiguity is the only check on baseOffset.
+        check_stored_record_count(header)
+        if header.base_offset < expected_offset or \
+                header.last_offset - self.base_offset > INT32_MAX:
+            # Not CRC-covered, so increasing offsets are the only check on baseOffset (gaps
+            # are legal: compaction).
             raise CorruptRecordError(
                 f"batch at position {position} has base offset {header.base_offset}, "
-                f"expected {expected_offset}"
+                f"expected at least {expected_offset}"
             )
         return header
 
@@ -419,6 +509,11 @@ class Segment:
         self._rebuild(verify_crc=False)
         self.rolling_base_ms = rolling_base_ms if self.size_bytes else None
         self._remove_index_files()  # stale once appends resume; seal rewrites them
+        txn_data = self.read_txn_index()
+        if txn_data is not None:  # drop the entries of removed ABORT markers
+            kept = entries_below(txn_data, self.next_offset)
+            if kept != txn_data:
+                self.write_txn_index(kept)
 
     # --- reads -------------------------------------------------------------------------------
 

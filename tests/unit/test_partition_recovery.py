@@ -216,9 +216,12 @@ def test_leftover_files_are_removed(tmp_path: Path) -> None:
     (fixture.directory / "00000000000000000000.index.tmp").write_bytes(b"junk")
     orphan = fixture.path(999, ".timeindex")
     orphan.write_bytes(b"")
+    fixture.path(999, ".txnindex").write_bytes(b"")
+    (fixture.directory / "00000000000000000000.log.cleaned").write_bytes(b"junk")
+    (fixture.directory / "00000000000000000000.index.swap").write_bytes(b"junk")
     log = fixture.open()
     names = sorted(p.name for p in fixture.directory.iterdir())
-    assert names == [f"{0:020d}.log", "leader-epoch-checkpoint"]
+    assert names == [f"{0:020d}.log", f"{0:020d}.txnindex", "leader-epoch-checkpoint"]
     log.close()
 
 

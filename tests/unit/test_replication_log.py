@@ -71,11 +71,13 @@ def test_replicated_batches_must_continue_the_log(tmp_path: Path) -> None:
     data = everything(leader)
     size = len(batch(2))
     follower = open_log(tmp_path, "follower")
+    follower.append_replicated(data[:size], now_ms=T0)
     with pytest.raises(UnexpectedOffsetError):
-        follower.append_replicated(data[size:], now_ms=T0)  # starts at 2, log ends at 0
-    gap = data[:size] + data[2 * size:]
+        follower.append_replicated(data[:size], now_ms=T0)  # starts at 0, log ends at 2
+    backwards = data[2 * size:] + data[size:2 * size]
+    follower.truncate_to(0)
     with pytest.raises(UnexpectedOffsetError):
-        follower.append_replicated(gap, now_ms=T0)
+        follower.append_replicated(data[:size] + backwards, now_ms=T0)
     corrupt = bytearray(data)
     corrupt[-1] ^= 0xFF
     with pytest.raises(CorruptRecordError):

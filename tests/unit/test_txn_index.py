@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raftlog.partition.batch import build_batch
+from raftlog.partition.batch import build_batch, parse_header
 from raftlog.partition.manager import Partition, PartitionManager
 from raftlog.partition.txn_index import (
     ABORT,
@@ -26,7 +26,12 @@ def _data(pid: int, seq: int, n: int = 1, *, transactional: bool = True) -> byte
 
 
 def _append(partition: Partition, records: bytes, *, control: bool = False) -> int:
+    """Append as the produce path and the coordinator's markers do: the producer state is
+    committed after the append (reopening takes the open transactions from it)."""
     info = partition.log.append(records, leader_epoch=0, now_ms=0, allow_control=control)
+    header = parse_header(records)
+    if header.producer_id >= 0:
+        partition.producers.commit_append(header, info.base_offset, info.last_offset, 0)
     partition.high_watermark = partition.log.log_end_offset
     return info.base_offset
 
