@@ -297,8 +297,10 @@ class TxnCoordinatorService:
             body = {"topics": [{
                 "name": TXN_TOPIC, "num_partitions": self.settings.num_partitions,
                 "replication_factor": rf, "assignments": [],
+                # Compacted, as in Kafka: each record holds a transactional id's whole state.
                 "configs": [{"name": "min.insync.replicas",
-                             "value": str(min(self.settings.min_isr, rf))}]}],
+                             "value": str(min(self.settings.min_isr, rf))},
+                            {"name": "cleanup.policy", "value": "compact"}]}],
                 "timeout_ms": 10_000, "validate_only": False}
             try:
                 await self._create_topic(body)
