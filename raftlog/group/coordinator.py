@@ -91,6 +91,22 @@ class Group:
     initial_delay_limit_ms: int = 0
 
 
+@dataclass
+class PendingPersist:
+    """What one group-metadata record in :attr:`GroupCoordinator.writes` vouches for: the
+    answers (tokens in the outbox) that may only succeed once it is in the log, and for a
+    static member's replacement, the member it replaced. The shell reports a write that did
+    not make it with :meth:`GroupCoordinator.persist_failed` (Kafka's ``storeGroup`` error
+    callbacks): a client must never hold a member id or an assignment that a reloading
+    coordinator would not find."""
+
+    group_id: str
+    generation: int
+    tokens: tuple[int, ...] = ()
+    replaced: Member | None = None  # a static member's old incarnation
+    replacement: Member | None = None  # ...and the member that took its place
+
+
 class GroupCoordinator:
     """Every group this node coordinates. See the module docstring."""
 
@@ -105,6 +121,8 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
         self.outbox: list[tuple[int, Body]] = []
         self.writes: list[tuple[str, bytes, bytes | None]] = []
+        # One entry per group-metadata record (not tombstone) in ``writes``.
+        self.persists: list[PendingPersist] = []
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self._new_member_id = new_member_id or _random_member_id
@@ -195,7 +213,10 @@ class GroupCoordinator:
         if group.leader == old_id:
             group.leader = member.member_id
         if group.state == STABLE and _select_protocol(group.members.values()) == group.protocol:
-            self._persist_group(group)
+            # The new id goes to the client only once the group metadata naming it is in the
+            # log: a coordinator that reloads the group must know it, or it would fence the
+            # member (FENCED_INSTANCE_ID) after a restart or failover.
+            self._persist_group(group, (token,), replaced=old, replacement=member)
             # The leader gets the members as in every JoinGroup answer (Kafka before
             # JoinGroup v9's skipAssignment); a Stable group's SyncGroup then hands back the
             # current assignments whatever the leader computes.
@@ -329,7 +350,8 @@ class GroupCoordinator:
                 m.assignment = bytes(assignments.get(m.member_id, b""))
             group.state = STABLE
             group.state_timestamp_ms = now_ms
-            self._persist_group(group)
+            self._persist_group(group, tuple(m.sync_token for m in group.members.values()
+                                             if m.sync_token is not None))
             for m in group.members.values():
                 if m.sync_token is not None:
                     self.outbox.append((m.sync_token, _sync_body(ErrorCode.NONE, m.assignment)))
@@ -571,7 +593,11 @@ class GroupCoordinator:
 
     # -- persistence --------------------------------------------------------------------------
 
-    def _persist_group(self, group: Group) -> None:
+    def _persist_group(self, group: Group, tokens: tuple[int, ...] = (), *,
+                       replaced: Member | None = None, replacement: Member | None = None
+                       ) -> None:
+        self.persists.append(PendingPersist(group.group_id, group.generation, tokens,
+                                            replaced, replacement))
         value = GroupValue(
             protocol_type=group.protocol_type or "",
             generation=group.generation,
@@ -586,6 +612,46 @@ class GroupCoordinator:
         )
         self.writes.append((group.group_id, encode_key(GroupKey(group.group_id)),
                             encode_group_value(value)))
+
+    def persist_failed(self, persist: PendingPersist, error: int, now_ms: int) -> None:
+        """The record of ``persist`` did not reach the log (``error``: the code for the
+        client). As Kafka does: a static replacement is undone (the old member id is back,
+        the joiner gets the error and retries with no member id); a SyncGroup's assignment
+        is dropped, every waiting member gets the error and the group rebalances again. The
+        answers for ``persist.tokens`` in the outbox are superseded by the ones appended
+        here (the shell delivers these instead)."""
+        group = self.groups.get(persist.group_id)
+        current = group is not None and group.generation == persist.generation
+        if persist.replacement is not None and persist.replaced is not None:
+            self._undo_replacement(group if current else None, persist.replaced,
+                                   persist.replacement, now_ms)
+            for token in persist.tokens:
+                self.outbox.append((token, _join_error(error, "")))
+            return
+        for token in persist.tokens:
+            self.outbox.append((token, _sync_body(error)))
+        if group is not None and current and group.state == STABLE:
+            for member in group.members.values():
+                member.assignment = b""
+            self._prepare_rebalance(group, now_ms)
+            self._maybe_complete_join(group, now_ms)
+
+    def _undo_replacement(self, group: Group | None, old: Member, new: Member,
+                          now_ms: int) -> None:
+        instance_id = new.instance_id
+        if group is None or instance_id is None or \
+                group.members.get(new.member_id) is not new or \
+                group.static.get(instance_id) != new.member_id:
+            return  # the group moved on meanwhile (the member left, rejoined, was evicted)
+        self._answer_pending(new, ErrorCode.FENCED_INSTANCE_ID)
+        old.heartbeat_deadline_ms = now_ms + old.session_timeout_ms
+        old.assignment = new.assignment
+        group.members = {(old.member_id if k == new.member_id else k):
+                         (old if k == new.member_id else m)
+                         for k, m in group.members.items()}
+        group.static[instance_id] = old.member_id
+        if group.leader == new.member_id:
+            group.leader = old.member_id
 
     def load_offset(self, group_id: str, tp: TopicPartition, value: OffsetValue | None) -> None:
         """Replay of one offset record (None: a tombstone)."""

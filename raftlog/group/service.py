@@ -42,7 +42,7 @@ from raftlog.fetch.schemas_group import (
 )
 from raftlog.fetch.schemas_txn import TXN_OFFSET_COMMIT
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
-from raftlog.group.coordinator import GroupCoordinator
+from raftlog.group.coordinator import GroupCoordinator, PendingPersist
 from raftlog.group.records import (
     GroupKey,
     OffsetKey,
@@ -307,33 +307,59 @@ class GroupService:
         return self._next_token, waiter
 
     def _flush_effects(self) -> None:
-        writes, outbox = self.core.writes, self.core.outbox
-        self.core.writes, self.core.outbox = [], []
+        """Append the core's records, then deliver its answers. An answer that depends on a
+        group-metadata record (a static member's new id, a SyncGroup's assignment) succeeds
+        only if that record is in the log (acks=all) in time; otherwise the core undoes what
+        the record stood for and the client gets the mapped error."""
+        writes, outbox, persists = self.core.writes, self.core.outbox, self.core.persists
+        self.core.writes, self.core.outbox, self.core.persists = [], [], []
         if not writes:
             self._deliver(outbox)
             return
         by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
         for group_id, key, value in writes:
             by_partition.setdefault(self.partition_of(group_id), []).append((key, value))
-        waits = []
+        failed: dict[int, int] = {}
+        waits: dict[int, Any] = {}
         for index, records in by_partition.items():
             error, wait = self._append(index, records)
             if error:
                 log.warning("could not write group metadata to %s-%d: error %d", OFFSETS_TOPIC,
                             index, error)
-            if wait is not None:
-                waits.append(wait)
+                failed[index] = _commit_write_error(error)
+            elif wait is not None:
+                waits[index] = wait
         if not waits or self._nursery is None:
-            self._deliver(outbox)
+            self._settle(outbox, persists, failed)
             return
 
         async def deliver_when_written() -> None:
             deadline = trio.current_time() + WRITE_TIMEOUT_S
-            for wait in waits:
+            for index, wait in waits.items():
                 await wait.partition.wait_until(wait.settled, deadline)
-            self._deliver(outbox)
+                code = wait.error_code() if wait.settled() else ErrorCode.REQUEST_TIMED_OUT
+                if code:
+                    log.warning("group metadata write to %s-%d failed: error %d",
+                                OFFSETS_TOPIC, index, code)
+                    failed[index] = _commit_write_error(code)
+            self._settle(outbox, persists, failed)
 
         self._nursery.start_soon(deliver_when_written)
+
+    def _settle(self, outbox: list[tuple[int, Body]], persists: list[PendingPersist],
+                failed: dict[int, int]) -> None:
+        """Deliver ``outbox``, except the answers vouched for by a record that failed: the
+        core turns those into errors (and undoes what they announced)."""
+        superseded: set[int] = set()
+        now = _now_ms()
+        for persist in persists:
+            error = failed.get(self.partition_of(persist.group_id))
+            if error is not None:
+                superseded.update(persist.tokens)
+                self.core.persist_failed(persist, error, now)
+        self._deliver([(t, b) for t, b in outbox if t not in superseded])
+        if superseded:
+            self._flush_effects()  # the core's error answers (no records of their own)
 
     def _deliver(self, outbox: Iterable[tuple[int, Body]]) -> None:
         for token, body in outbox:

@@ -6,6 +6,13 @@
   way Kafka's group coordinator writes them, and staged as *pending*: OffsetFetch does not
   see them. v3 checks the generation, member id and group instance id as Kafka's
   ``validateOffsetCommit(isTransactional = true)`` does (no check when all three are unset).
+* **Verification (KIP-890 part 1).** Before writing, the group's offsets partition must be in
+  the producer's ongoing transaction (AddOffsetsToTxn added it). The transaction coordinator
+  is asked wherever it is, through the produce path's verifier
+  (``KafkaApis.txn_produce_verifier``: local state, or AddPartitionsToTxn v4 ``verify_only``
+  to the coordinator's node); the append runs synchronously with a positive answer. Refusals:
+  INVALID_TXN_STATE (not in the transaction), INVALID_PRODUCER_EPOCH (fenced),
+  COORDINATOR_NOT_AVAILABLE (the coordinator could not be asked: retriable).
 * **Commit/abort.** The transaction coordinator writes a COMMIT or ABORT marker to that
   partition (AddOffsetsToTxn added it to the transaction); the partition leader — this node,
   as group coordinator — calls :meth:`TxnOffsets.complete` once the marker is replicated
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,9 +48,11 @@ from raftlog.group.records import (
 )
 from raftlog.partition.batch import BatchHeader, build_batch, decode_records, parse_header
 from raftlog.partition.errors import PartitionLogError
+from raftlog.txn.coordinator_service import VERIFY_TIMEOUT_S, PendingVerification, Verdict
 
 if TYPE_CHECKING:
     from raftlog.group.service import GroupService
+    from raftlog.partition.manager import Partition
 
 __all__ = ["PendingTxnOffsets", "TxnOffsets"]
 
@@ -54,6 +63,9 @@ TRANSACTIONAL_BIT = 0x10
 CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
 WRITE_TIMEOUT_S = 5.0
+# The verification task answers within VERIFY_TIMEOUT_S; past this margin the commit gives up
+# with a retriable error (and a late answer writes nothing).
+VERIFY_WAIT_S = VERIFY_TIMEOUT_S + 5.0
 
 
 def _now_ms() -> int:
@@ -183,7 +195,7 @@ class TxnOffsets:
     # -- TxnOffsetCommit ---------------------------------------------------------------------
 
     def txn_offset_commit(self, ctx: RequestContext) -> HandlerResult:
-        from raftlog.group.service import OFFSETS_TOPIC, _commit_write_error
+        from raftlog.group.service import OFFSETS_TOPIC
 
         service = self.service
         request = ctx.body
@@ -237,8 +249,76 @@ class TxnOffsets:
                 entry["error_code"] = int(code)
             return body()
 
+        verdict = self._verify(index, request.transactional_id, producer_id, epoch)
+        if not isinstance(verdict, PendingVerification):
+            if verdict is not None:
+                return fail(_verify_error(verdict[0]))
+            written = self._append_offsets(partition, index, group_id, valid, producer_id,
+                                           epoch)
+            return fail(written) if isinstance(written, int) else \
+                self._wait_until_written(partition, written, fail, body)
+        # KIP-890 part 1: the transaction coordinator is another node; the append happens in
+        # the continuation, synchronously with its answer, so no COMMIT/ABORT marker can land
+        # between a positive answer and the records it vouched for.
+        pending = verdict
+        outcome: dict[str, int | tuple[int, int]] = {}
+        abandoned = False
+
+        def resume(answer: Verdict) -> None:
+            if abandoned:
+                return
+            if answer is not None:
+                outcome["result"] = _verify_error(answer[0])
+                return
+            current = service.manager.get(OFFSETS_TOPIC, index)
+            if current is not partition or not partition.is_leader:
+                outcome["result"] = ErrorCode.NOT_COORDINATOR
+                return
+            outcome["result"] = self._append_offsets(partition, index, group_id, valid,
+                                                     producer_id, epoch)
+
+        pending.continuations.append(resume)
+
+        async def wait_for_verification() -> Body:
+            nonlocal abandoned
+            with trio.move_on_after(VERIFY_WAIT_S):
+                await pending.done.wait()
+            result = outcome.get("result")
+            if result is None:
+                abandoned = True  # a late answer must not write anything
+                return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            if isinstance(result, int):
+                return fail(result)
+            return await self._wait_until_written(partition, result, fail, body)()
+
+        return wait_for_verification
+
+    def _verify(self, index: int, transactional_id: str | None, producer_id: int,
+                epoch: int) -> Verdict | PendingVerification:
+        """Whether the group's offsets partition is in the producer's ongoing transaction
+        (AddOffsetsToTxn added it), asked of the transaction coordinator wherever it is —
+        Kafka's AddPartitionsToTxn v4 verify_only, as on the produce path."""
+        from raftlog.group.service import OFFSETS_TOPIC
+
+        apis = self.service.apis
+        if apis.txn_produce_verifier is not None:
+            return apis.txn_produce_verifier(OFFSETS_TOPIC, index, transactional_id or None,
+                                             producer_id, epoch)
+        if apis.txn_verifier is not None:
+            return apis.txn_verifier(OFFSETS_TOPIC, index, producer_id, epoch)
+        return None
+
+    def _append_offsets(self, partition: Partition, index: int, group_id: str,
+                        valid: Mapping[TopicPartition, OffsetValue], producer_id: int,
+                        epoch: int) -> int | tuple[int, int]:
+        """Append the offsets as a transactional batch of the producer and stage them: an
+        error code, or (leadership generation, offset the high watermark must pass)."""
+        from raftlog.group.service import _commit_write_error
+
+        service = self.service
         if partition.isr_size < partition.min_insync_replicas:
-            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        now = _now_ms()
         records = service.core.commit_records(group_id, valid)
         batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=now,
                             producer_id=producer_id, producer_epoch=epoch, base_sequence=-1,
@@ -248,17 +328,22 @@ class TxnOffsets:
                                         now_ms=now)
         except PartitionLogError as exc:
             log.info("TxnOffsetCommit for %r: %s", group_id, exc)
-            return fail(_commit_write_error(exc.error_code))
+            return _commit_write_error(exc.error_code)
         except OSError as exc:
             log.warning("TxnOffsetCommit for %r: %s", group_id, exc)
-            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         partition.producers.commit_append(parse_header(batch), info.base_offset,
                                           info.last_offset, now)
         service.manager.note_append(partition)
         # Staged at once: the record is in the log, and its marker decides its fate.
         self.pending.stage(producer_id, index, group_id, valid)
-        generation = partition.leadership_generation
-        target = info.last_offset + 1
+        return partition.leadership_generation, info.last_offset + 1
+
+    @staticmethod
+    def _wait_until_written(partition: Partition, written: tuple[int, int],
+                            fail: Callable[[int], Body], body: Callable[[], Body]
+                            ) -> Callable[[], Awaitable[Body]]:
+        generation, target = written
 
         async def wait_until_written() -> Body:
             deadline = trio.current_time() + WRITE_TIMEOUT_S
@@ -275,21 +360,30 @@ class TxnOffsets:
 
     def _check_producer(self, partition: object, producer_id: int, epoch: int, version: int,
                         index: int) -> int:
-        from raftlog.group.service import OFFSETS_TOPIC
-
+        """The partition's own producer state; the transaction itself is verified later
+        (:meth:`_verify`)."""
         if producer_id < 0 or epoch < 0:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING
         entry = partition.producers.get(producer_id)  # type: ignore[attr-defined]
         if entry is not None and entry.epoch > epoch:
-            return ErrorCode.PRODUCER_FENCED if version >= 3 else \
-                ErrorCode.INVALID_PRODUCER_EPOCH
-        verifier = self.service.apis.txn_verifier
-        if verifier is not None:
-            refused = verifier(OFFSETS_TOPIC, index, producer_id, epoch)
-            if refused is not None:
-                code = refused[0]
-                if code == ErrorCode.INVALID_PRODUCER_EPOCH and version >= 3:
-                    return ErrorCode.PRODUCER_FENCED
-                return int(code)
+            # Kafka's log append answers a stale epoch with INVALID_PRODUCER_EPOCH; clients
+            # treat it as fenced (the Java producer maps it to PRODUCER_FENCED itself).
+            return ErrorCode.INVALID_PRODUCER_EPOCH
         return ErrorCode.NONE
 
+
+def _verify_error(code: int) -> int:
+    """A verification verdict (produce-path codes) as TxnOffsetCommit's error, as Kafka's
+    group coordinator converts append errors: retriable trouble reaching the transaction
+    coordinator → COORDINATOR_NOT_AVAILABLE (the client finds the coordinator and retries),
+    a partition no longer led here → NOT_COORDINATOR, and INVALID_TXN_STATE (the offsets
+    partition is not in the transaction) or INVALID_PRODUCER_EPOCH (fenced) as they are."""
+    if code in (ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                ErrorCode.REQUEST_TIMED_OUT, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                ErrorCode.CONCURRENT_TRANSACTIONS):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+        return ErrorCode.NOT_COORDINATOR
+    if code == ErrorCode.PRODUCER_FENCED:
+        return ErrorCode.INVALID_PRODUCER_EPOCH
+    return int(code)
