@@ -23,7 +23,7 @@ apt-bench:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nats-server >/dev/null; }
 
 demo: $(STAMP)
-	$(PY) -m raftlog demo
+	$(PY) -m spark_connector.demo
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,6 +1,7 @@
 """`raftlog demo`: start a local node, create a topic, stream page views through it with the
 unchanged confluent-kafka client, read them back, restart the node, check nothing was lost,
-and stop cleanly. It is the README's main command until the Spark pipeline lands.
+and stop cleanly: a single-node smoke test that needs neither Spark nor Java. The README's main
+command, `make demo`, is the 3-node Spark pipeline in spark_connector/demo.py.
 """
 
 from __future__ import annotations

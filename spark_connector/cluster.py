@@ -13,6 +13,7 @@ holds nothing that needs a clean close).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -40,6 +41,12 @@ from spark_connector.options import (
 _UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
                 KafkaError._TIMED_OUT}
 _FAST_FAIL_S = 5.0  # how long a completely unreachable bootstrap list is tolerated at load()
+# One ListOffsets attempt. librdkafka keeps sending ListOffsets to the leader in its metadata
+# cache, and a leader that died is not replaced there until something refreshes the
+# metadata (measured: a long-lived client timed out for minutes after a SIGKILLed leader,
+# while its metadata said otherwise after one refresh). So attempts are short, and each
+# failed one refreshes the metadata before the next.
+_LIST_OFFSETS_ATTEMPT_S = 3.0
 
 
 _PROPERTY_RE = re.compile(r'(?:configuration property:? |property )"([^"]+)"')
@@ -180,8 +187,8 @@ class Cluster:
         deadline = time.monotonic() + self.settings.api_timeout_s
         while True:
             try:
-                answer = client.offsets_for_times(
-                    request, timeout=max(0.1, deadline - time.monotonic()))
+                answer = client.offsets_for_times(request, timeout=max(
+                    0.1, min(_LIST_OFFSETS_ATTEMPT_S, deadline - time.monotonic())))
                 failed = [tp for tp in answer if tp.error is not None]
                 if not failed:
                     return {(tp.topic, tp.partition): tp.offset for tp in answer}
@@ -198,7 +205,13 @@ class Cluster:
                                             ) from None
                 if time.monotonic() >= deadline:
                     raise self._unreachable(self.settings.api_timeout_s, exc) from None
+            self._refresh_metadata()
             time.sleep(0.1)
+
+    def _refresh_metadata(self) -> None:
+        """Re-learn partition leaders (after a failover; see _LIST_OFFSETS_ATTEMPT_S)."""
+        with contextlib.suppress(KafkaException):  # the next attempt reports what is wrong
+            self._client().list_topics(timeout=_LIST_OFFSETS_ATTEMPT_S)
 
     def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return self.list_offsets({tp: EARLIEST for tp in tps})

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from spark_connector.errors import RaftLogOptionError
 
@@ -43,7 +43,14 @@ READ_OPTIONS = (
 )
 STREAM_ONLY_READ_OPTIONS = ("maxOffsetsPerTrigger",)
 BATCH_ONLY_READ_OPTIONS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
-WRITE_OPTIONS = ("topic", "checkpointLocation")
+GUARANTEE = "raftlog.sink.guarantee"
+MARKER_TOPIC = "raftlog.sink.markerTopic"
+WRITE_OPTIONS = ("topic", "checkpointLocation", GUARANTEE, MARKER_TOPIC)
+EXACTLY_ONCE: Final = "exactly_once"
+AT_LEAST_ONCE: Final = "at_least_once"
+GUARANTEES = (EXACTLY_ONCE, AT_LEAST_ONCE)
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000  # how long a dead writer's open transaction blocks
+                                         # read_committed readers if nobody fences it first
 
 # Options of Spark's Kafka connector that this connector does not implement (yet): a clear
 # error beats silently ignoring them.
@@ -68,7 +75,8 @@ REJECTED_KAFKA_READ: dict[str, str] = {
 REJECTED_KAFKA_WRITE: dict[str, str] = {
     "key.serializer": "key and value columns must be STRING or BINARY",
     "value.serializer": "key and value columns must be STRING or BINARY",
-    "transactional.id": "the sink is not transactional yet (see spark_connector/README.md)",
+    "transactional.id": "the exactly-once sink derives one per query and Spark partition"
+                        " (raftlog-spark-<queryId>-<partition>); see docs/spark.md",
 }
 
 _CANONICAL: dict[str, str] = {
@@ -166,10 +174,32 @@ class SourceOptions:
     given: frozenset[str] = field(default_factory=frozenset)  # canonical names the user set
 
 
+Guarantee = Literal["exactly_once", "at_least_once"]
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     client: ClientSettings
     topic: str | None
+    # None: the default of the kind of write (exactly_once for streams, at_least_once for
+    # batch writes); see resolve_guarantee().
+    guarantee: Guarantee | None = None
+    marker_topic: str | None = None  # where exactly-once progress markers are keyed
+
+    def resolve_guarantee(self, *, streaming: bool) -> Guarantee:
+        if self.guarantee is None:
+            return EXACTLY_ONCE if streaming else AT_LEAST_ONCE
+        if self.guarantee == EXACTLY_ONCE and not streaming:
+            raise RaftLogOptionError(
+                GUARANTEE, "'exactly_once' applies to streaming writes (df.writeStream) only:"
+                " a batch job that Spark re-runs would publish again; batch writes are"
+                " at_least_once")
+        return self.guarantee
+
+    @property
+    def marker(self) -> str | None:
+        """The topic whose partition 0 keys the exactly-once progress markers."""
+        return self.marker_topic or self.topic
 
 
 # -- entry points ----------------------------------------------------------------------------
@@ -248,7 +278,22 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if topic is not None:
         topic = topic.strip()
         _check_topic_name("topic", topic)
-    return SinkOptions(ClientSettings(_bootstrap(opts), extra, _api_timeout(opts)), topic)
+    guarantee: Guarantee | None = None
+    if GUARANTEE.lower() in opts:
+        raw = opts[GUARANTEE.lower()].strip().lower().replace("-", "_")
+        if raw == EXACTLY_ONCE:
+            guarantee = EXACTLY_ONCE
+        elif raw == AT_LEAST_ONCE:
+            guarantee = AT_LEAST_ONCE
+        else:
+            raise RaftLogOptionError(GUARANTEE, "expected 'exactly_once' or 'at_least_once',"
+                                     f" got {opts[GUARANTEE.lower()]!r}")
+    marker_topic = opts.get(MARKER_TOPIC.lower())
+    if marker_topic is not None:
+        marker_topic = marker_topic.strip()
+        _check_topic_name(MARKER_TOPIC, marker_topic)
+    return SinkOptions(ClientSettings(_bootstrap(opts), extra, _api_timeout(opts)), topic,
+                       guarantee, marker_topic)
 
 
 # -- helpers ---------------------------------------------------------------------------------

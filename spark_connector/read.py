@@ -13,6 +13,7 @@ not a silent jump).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,7 @@ from spark_connector.options import ClientSettings, SourceOptions
 from spark_connector.schema import source_arrow_schema
 
 MAX_BATCH_ROWS = 10_000  # rows per Arrow batch (Spark's arrow.maxRecordsPerBatch default)
+WATERMARK_ATTEMPT_S = 3.0  # one watermark lookup; see _RangeReader._watermarks
 CONSUME_WAIT_S = 0.2  # one consume() call; the range's deadline is kafkaConsumer.pollTimeoutMs
 _GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
          KafkaError._UNKNOWN_TOPIC}
@@ -108,8 +110,12 @@ class _RangeReader:
         while True:
             problem = "timed out"
             try:
-                marks = self.consumer.get_watermark_offsets(
-                    tp, timeout=max(0.1, deadline - time.monotonic()))
+                # Short attempts, each failed one followed by a metadata refresh: librdkafka
+                # asks the leader in its metadata cache, and after a leader died that cache
+                # is not corrected by the lookup's own failures (measured: a timeout until
+                # the deadline while the cluster had long elected a new leader).
+                marks = self.consumer.get_watermark_offsets(tp, timeout=max(
+                    0.1, min(WATERMARK_ATTEMPT_S, deadline - time.monotonic())))
                 if marks is not None:  # older confluent-kafka versions return None on timeout
                     return int(marks[0]), int(marks[1])
             except KafkaException as exc:
@@ -118,6 +124,8 @@ class _RangeReader:
                 raise RaftLogReadError(
                     f"raftlog: cannot list the offsets of {self.name} at"
                     f" {self.settings.client.bootstrap_servers}: {problem}")
+            with contextlib.suppress(KafkaException):  # the next attempt says what is wrong
+                self.consumer.list_topics(self.part.topic, timeout=WATERMARK_ATTEMPT_S)
             time.sleep(0.1)
 
     def run(self) -> Iterator[pa.RecordBatch]:

@@ -51,7 +51,12 @@ from spark_connector.options import (
 )
 from spark_connector.read import ReadSettings, read_range
 from spark_connector.schema import source_schema
-from spark_connector.sink import RaftLogBatchWriter, RaftLogStreamWriter, check_sink_schema
+from spark_connector.sink import (
+    RaftLogBatchWriter,
+    RaftLogStreamWriter,
+    check_sink_schema,
+    check_stream_sink,
+)
 
 log = logging.getLogger("spark_connector")
 
@@ -86,6 +91,7 @@ class RaftLogDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         sink = parse_sink_options(self.options)
         check_sink_schema(schema, sink, overwrite)
+        sink.resolve_guarantee(streaming=False)  # exactly_once is refused for batch writes
         with Cluster(sink.client) as cluster:  # before any task runs: reachable? valid config?
             cluster.check_producer_config()
             cluster.topics(fail_fast=True)
@@ -96,6 +102,7 @@ class RaftLogDataSource(DataSource):
         # network round trip; the executors report an unreachable cluster by its address.
         sink = parse_sink_options(self.options)
         check_sink_schema(schema, sink, overwrite)
+        check_stream_sink(sink)
         return RaftLogStreamWriter(sink, schema)
 
 

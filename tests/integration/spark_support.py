@@ -105,3 +105,56 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict[str, Any]]) -> in
     assert producer.flush(30) == 0, "records left unacknowledged"
     assert not failures, failures[:3]
     return count
+
+
+def start_copy_query(spark: SparkSession, bootstrap: str, source: str, target: str,
+                     checkpoint: Path, *, max_offsets: int | None = None,
+                     row_delay_s: float = 0.0, trigger: dict[str, Any] | None = None) -> Any:
+    """source -> target through the raftlog sink (exactly-once, the streaming default).
+    `row_delay_s` slows every row down in a Python UDF (to widen the window in which a
+    micro-batch's transactions are open); the output rows do not depend on it."""
+    from pyspark.sql import functions as F
+
+    reader = (spark.readStream.format("raftlog").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", source).option("startingOffsets", "earliest"))
+    if max_offsets is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
+    df = reader.load()
+    value = F.col("value")
+    if row_delay_s > 0:
+        def slow(v: bytes) -> bytes:
+            time.sleep(row_delay_s)
+            return v
+
+        value = F.udf(slow, "binary")(value)
+    return (df.select("key", value.alias("value")).writeStream.format("raftlog")
+            .option("kafka.bootstrap.servers", bootstrap).option("topic", target)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(**(trigger or {"processingTime": "200 milliseconds"})).start())
+
+
+def copy_query_child() -> None:
+    """Entry point of the child process that the kill tests SIGKILL mid-batch:
+    `python -c 'from tests.integration.spark_support import copy_query_child;
+    copy_query_child()' BOOTSTRAP SOURCE TARGET CHECKPOINT MAX_OFFSETS ROW_DELAY_S`."""
+    bootstrap, source, target, checkpoint, max_offsets, delay = sys.argv[1:7]
+    global _session
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    _session = (
+        SparkSession.builder.master("local[2]").appName("raftlog-kill-child")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        # Small Arrow batches: the sink receives rows while the slow UDF still works, so a
+        # task's transaction stays open for most of the task.
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
+        .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
+        .getOrCreate())
+    _session.sparkContext.setLogLevel("ERROR")
+    query = start_copy_query(_session, bootstrap, source, target, Path(checkpoint),
+                             max_offsets=int(max_offsets), row_delay_s=float(delay))
+    print("child: query started", flush=True)
+    query.awaitTermination()

@@ -201,3 +201,39 @@ def test_option_parsing() -> None:
     sink = parse_sink_options({"kafka.bootstrap.servers": "h:1", "topic": "out",
                                "kafka.linger.ms": "20", "checkpointlocation": "/tmp/x"})
     assert sink.topic == "out" and sink.client.extra == (("linger.ms", "20"),)
+
+
+
+def _option_error(text: str) -> Any:
+    return pytest.raises(RaftLogOptionError, match=re.escape(text))
+
+
+def test_sink_guarantee_options() -> None:
+    from spark_connector.sink import check_stream_sink
+
+    base = {"kafka.bootstrap.servers": "h:1", "topic": "out"}
+    sink = parse_sink_options(base)
+    assert sink.resolve_guarantee(streaming=True) == "exactly_once"  # the stream default
+    assert sink.resolve_guarantee(streaming=False) == "at_least_once"
+    assert sink.marker == "out"
+    check_stream_sink(sink)
+    relaxed = parse_sink_options({**base, "raftlog.sink.guarantee": "AT-LEAST-ONCE"})
+    assert relaxed.resolve_guarantee(streaming=True) == "at_least_once"
+    exactly = parse_sink_options({**base, "raftlog.sink.guarantee": "exactly_once"})
+    with _option_error("'raftlog.sink.guarantee': 'exactly_once' applies to streaming writes"):
+        exactly.resolve_guarantee(streaming=False)
+    with _option_error("'raftlog.sink.guarantee': expected 'exactly_once' or"):
+        parse_sink_options({**base, "raftlog.sink.guarantee": "twice"})
+    # Rows routed by a 'topic' column: the markers need a topic of their own.
+    routed = parse_sink_options({"kafka.bootstrap.servers": "h:1"})
+    with _option_error("'raftlog.sink.markerTopic': the exactly_once sink needs"):
+        check_stream_sink(routed)
+    marked = parse_sink_options({"kafka.bootstrap.servers": "h:1",
+                                 "raftlog.sink.markertopic": "progress"})
+    check_stream_sink(marked)
+    assert marked.marker == "progress"
+    with _option_error("'raftlog.sink.markerTopic': 'a b' is not a valid topic name"):
+        parse_sink_options({**base, "raftlog.sink.markertopic": "a b"})
+    with _option_error("'raftlog.sink.guarantee': is not an option for reading"):
+        parse_source_options({"kafka.bootstrap.servers": "h:1", "subscribe": "a",
+                              "raftlog.sink.guarantee": "exactly_once"})

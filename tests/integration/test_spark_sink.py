@@ -1,5 +1,6 @@
-"""The `raftlog` Spark sink (at-least-once) against a real raftlog node, read back through the
-source. Shares the process-wide SparkSession of spark_support."""
+"""The `raftlog` Spark sink against a real raftlog node, read back through the source: batch
+writes and the at-least-once streaming mode (the exactly-once default is tested in
+test_spark_exactly_once.py). Shares the process-wide SparkSession of spark_support."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def test_streaming_write_at_least_once_then_read_back(
              .selectExpr("key", "upper(CAST(value AS STRING)) AS value")
              .writeStream.format("raftlog")
              .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "copy")
+             .option("raftlog.sink.guarantee", "at_least_once")
              .option("checkpointLocation", str(tmp_path / "checkpoint"))
              .trigger(processingTime="250 milliseconds").start())
     try:
@@ -118,6 +120,11 @@ def test_streaming_write_at_least_once_then_read_back(
      "option 'tpoic': unknown option for writing; did you mean 'topic'"),
     ("value STRING", {"topic": "out", "kafka.transactional.id": "x"}, "append",
      "option 'kafka.transactional.id': not supported"),
+    ("value STRING", {"topic": "out", "raftlog.sink.guarantee": "exactly_once"}, "append",
+     "option 'raftlog.sink.guarantee': 'exactly_once' applies to streaming writes"),
+    ("value STRING", {"topic": "out", "raftlog.sink.guarantee": "maybe"}, "append",
+     "option 'raftlog.sink.guarantee': expected 'exactly_once' or 'at_least_once', got"
+     " 'maybe'"),
 ])
 def test_bad_write_options_fail_before_writing(
         spark: SparkSession, broker: BrokerProcess, columns: str, options: dict[str, str],
