@@ -122,12 +122,17 @@ class KafkaConnection:
         return memoryview(await self._receive_exactly(size))
 
     async def _receive_exactly(self, size: int) -> bytearray:
-        buf = bytearray()
-        while len(buf) < size:
-            chunk = await self._stream.receive_some(size - len(buf))
-            if not chunk:
+        # recv_into one buffer of the frame's size: a follower's fetch answers are megabytes,
+        # and receive_some would allocate a max-size bytes per call and copy it again.
+        buf = bytearray(size)
+        view = memoryview(buf)
+        sock = self._stream.socket
+        received = 0
+        while received < size:
+            count = await sock.recv_into(view[received:], size - received)
+            if count == 0:
                 raise KafkaClientError("broker closed the connection")
-            buf += chunk
+            received += count
         return buf
 
     async def aclose(self) -> None:
