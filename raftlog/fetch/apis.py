@@ -41,8 +41,9 @@ from raftlog.fetch.server import (
     RequestContext,
     api_versions_body,
 )
+from raftlog.metadata import errors as metadata_errors
 from raftlog.metadata.errors import wire_error_code
-from raftlog.metadata.image import NO_LEADER, MetadataImage
+from raftlog.metadata.image import NO_LEADER, MetadataImage, TopicImage
 from raftlog.metadata.placement import PlacementError, assign_replicas
 from raftlog.metadata.quorum import Quorum, QuorumError, QuorumTimeoutError
 from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
@@ -76,6 +77,8 @@ OFFSET_NOT_AVAILABLE = 78  # retriable: a new leader's HW is still below its epo
 READ_COMMITTED = 1
 # How long Metadata waits for a restarted node's image to catch up before saying "retry".
 METADATA_CATCH_UP_WAIT_S = 5.0
+# CreatePartitions re-checks this often when the topic changes under it (e.g. elections).
+CREATE_PARTITIONS_CAS_ATTEMPTS = 5
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 CONFIG_SOURCE_TOPIC = 1
@@ -105,6 +108,15 @@ class FetchPlan:
     @property
     def from_follower(self) -> bool:
         return self.replica_id >= 0
+
+
+class _Refused(Exception):
+    """An admin request refused with a Kafka error code and message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class KafkaApis:
@@ -769,29 +781,58 @@ class KafkaApis:
     async def _add_partitions(
         self, name: str, count: int, assignments: tuple[Struct, ...] | None, validate_only: bool
     ) -> tuple[int, str | None]:
-        image = self.quorum.image
-        topic = image.topics.get(name)
-        if topic is None:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist."
+        """Grow ``name`` to ``count`` partitions, as a compare-and-set on the topic version: the
+        new partitions are computed from one image and committed only if the topic has not
+        changed since, so two concurrent requests for the same count cannot both add (Kafka
+        answers the second with INVALID_PARTITIONS). A topic that changed meanwhile (also a
+        leader election) is re-checked against the newer image."""
+        for _ in range(CREATE_PARTITIONS_CAS_ATTEMPTS):
+            topic = self.quorum.image.topics.get(name)
+            if topic is None:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist."
+            try:
+                planned = self._plan_partitions(topic, count, assignments)
+            except _Refused as refused:
+                return refused.code, refused.message
+            if validate_only:
+                return ErrorCode.NONE, None
+            record = CreatePartitions(name=name, new_partitions=planned)
+            try:
+                result = await self.quorum.propose(record, expected_version=topic.version,
+                                                   timeout_s=ADMIN_TIMEOUT_S)
+            except QuorumError as exc:
+                log.warning("metadata proposal failed: %s", exc)
+                return ErrorCode.REQUEST_TIMED_OUT, f"The metadata quorum did not commit: {exc}"
+            if result.error_code != metadata_errors.STALE_METADATA_VERSION:
+                self.sync_partitions()
+                return wire_error_code(result.error_code), result.message
+        return ErrorCode.REQUEST_TIMED_OUT, f"Topic '{name}' kept changing; retry."
+
+    def _plan_partitions(
+        self, topic: TopicImage, count: int, assignments: tuple[Struct, ...] | None
+    ) -> tuple[tuple[int, ...], ...]:
+        """The replica lists of the partitions to add.
+
+        Raises:
+            _Refused: the request cannot be met (Kafka's error code and message).
+        """
         current = len(topic.partitions)
         if count <= current:
-            return (ErrorCode.INVALID_PARTITIONS,
-                    f"Topic currently has {current} partitions, {count} would not be an increase.")
+            raise _Refused(ErrorCode.INVALID_PARTITIONS, f"Topic currently has {current} "
+                           f"partitions, {count} would not be an increase.")
         if assignments is not None:
             new = tuple(tuple(a.broker_ids) for a in assignments)
             if len(new) != count - current:
-                return ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Wrong number of assignments."
-        else:
-            replication_factor = len(topic.partitions[0].replicas)
-            try:
-                new = assign_replicas(count - current, replication_factor,
-                                      list(image.live_broker_ids()), current,
-                                      first_partition=current)
-            except PlacementError as exc:
-                return exc.error_code, str(exc)
-        if validate_only:
-            return ErrorCode.NONE, None
-        return await self._propose(CreatePartitions(name=name, new_partitions=new))
+                raise _Refused(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                               "Wrong number of assignments.")
+            return new
+        replication_factor = len(topic.partitions[0].replicas)
+        try:
+            return tuple(assign_replicas(count - current, replication_factor,
+                                         list(self.quorum.image.live_broker_ids()), current,
+                                         first_partition=current))
+        except PlacementError as exc:
+            raise _Refused(exc.error_code, str(exc)) from exc
 
     def describe_configs(self, ctx: RequestContext) -> HandlerResult:
         version = ctx.header.api_version
