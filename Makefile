@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 apt-test:
 	@command -v kcat >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq kcat >/dev/null; }
+	@# nftables: the Jepsen harness's network partitions (tests/jepsen).
+	@command -v nft >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nftables >/dev/null; }
 
 apt-bench:
 	@command -v nats-server >/dev/null || { $(SUDO) apt-get update -qq && \

@@ -1,0 +1,131 @@
+"""Latency and throughput over time, with fault intervals shaded (matplotlib PNGs), and the
+run statistics behind them. Pure apart from writing the files; matplotlib is optional (no
+plots, and a note in the results, when it is not installed)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Final
+
+from jepsen.history import History, Op
+
+COLORS: Final = {"ok": "#2a9d8f", "info": "#e9c46a", "fail": "#e76f51"}
+FAULT_COLORS: Final = {"kill": "#e63946", "pause": "#457b9d", "partition": "#8d6cab",
+                       "clock": "#f4a261"}
+
+
+def latencies(history: History) -> list[tuple[Op, Op, float]]:
+    """``(invocation, completion, latency in ms)`` for every completed client operation."""
+    out = []
+    for inv, comp in history.pairs():
+        if inv.is_client and comp is not None:
+            out.append((inv, comp, (comp.time - inv.time) / 1e6))
+    return out
+
+
+def fault_intervals(history: History) -> list[tuple[str, float, float]]:
+    """``(kind, start s, end s)`` for every fault, from the nemesis operations."""
+    end_s = max((op.time for op in history), default=0) / 1e9
+    open_: dict[str, list[float]] = defaultdict(list)
+    out: list[tuple[str, float, float]] = []
+    for op in history.nemesis_ops():
+        if op.is_invoke:
+            continue
+        if op.f.startswith("start-") and op.error is None:
+            open_[op.f[6:]].append(op.time / 1e9)
+        elif op.f.startswith("stop-") and open_[op.f[5:]]:
+            out.append((op.f[5:], open_[op.f[5:]].pop(0), op.time / 1e9))
+        elif op.f == "heal":
+            for kind, starts in open_.items():
+                out.extend((kind, s, op.time / 1e9) for s in starts)
+            open_.clear()
+    for kind, starts in open_.items():
+        out.extend((kind, s, end_s) for s in starts)
+    return out
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+
+def run_stats(history: History) -> dict[str, Any]:
+    lat = latencies(history)
+    by_f: dict[str, list[float]] = defaultdict(list)
+    for inv, comp, ms in lat:
+        if comp.is_ok:
+            by_f[inv.f].append(ms)
+    duration_s = max((op.time for op in history), default=0) / 1e9
+    return {
+        "duration_s": round(duration_s, 1),
+        "completed": len(lat),
+        "ok_per_s": round(sum(1 for _, c, _ in lat if c.is_ok) / duration_s, 1)
+        if duration_s else 0.0,
+        "latency_ms": {f: {"p50": _percentile(v, 0.5), "p95": _percentile(v, 0.95),
+                           "p99": _percentile(v, 0.99), "max": round(max(v), 1)}
+                       for f, v in sorted(by_f.items())},
+        "faults": [{"kind": k, "start_s": round(s, 2), "end_s": round(e, 2)}
+                   for k, s, e in fault_intervals(history)],
+    }
+
+
+def write_plots(history: History, directory: Path) -> list[str]:
+    """Write ``latency-raw.png`` and ``rate.png``; returns their file names."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    lat = latencies(history)
+    faults = fault_intervals(history)
+    names = []
+
+    def shade(ax: Any) -> None:
+        seen: set[str] = set()
+        for kind, s, e in faults:
+            ax.axvspan(s, e, color=FAULT_COLORS.get(kind, "#999999"), alpha=0.22,
+                       label=None if kind in seen else kind)
+            seen.add(kind)
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    shade(ax)
+    markers = {"send": "o", "poll": "s", "txn": "D"}
+    for f in sorted({inv.f for inv, _, _ in lat}):
+        for t in ("ok", "info", "fail"):
+            pts = [(c.time / 1e9, ms) for inv, c, ms in lat if inv.f == f and c.type == t]
+            if pts:
+                ax.scatter([p[0] for p in pts], [max(p[1], 0.01) for p in pts], s=6,
+                           marker=markers.get(f, "^"), color=COLORS[t], alpha=0.6,
+                           label=f"{f} {t}")
+    ax.set_yscale("log")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"latency ({directory.name})")
+    ax.legend(fontsize=7, loc="upper left", ncol=3)
+    fig.tight_layout()
+    fig.savefig(directory / "latency-raw.png", dpi=100)
+    plt.close(fig)
+    names.append("latency-raw.png")
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    shade(ax)
+    end = int(max((c.time for _, c, _ in lat), default=0) / 1e9) + 1
+    for t in ("ok", "info", "fail"):
+        buckets = [0] * end
+        for _, c, _ in lat:
+            if c.type == t:
+                buckets[min(int(c.time / 1e9), end - 1)] += 1
+        if any(buckets):
+            ax.plot(range(end), buckets, color=COLORS[t], label=t, drawstyle="steps-post")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("completions / s")
+    ax.set_title(f"throughput ({directory.name})")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(directory / "rate.png", dpi=100)
+    plt.close(fig)
+    names.append("rate.png")
+    return names
