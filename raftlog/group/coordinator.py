@@ -690,6 +690,17 @@ class GroupCoordinator:
         group.state = STABLE if group.members else EMPTY
 
 
+def offset_entry_error(partition_count: int | None, partition: int, metadata: str,
+                       metadata_max_bytes: int) -> int:
+    """The error for one partition of an OffsetCommit or TxnOffsetCommit (NONE if it may be
+    stored): ``partition_count`` is the topic's, None when the topic does not exist."""
+    if partition_count is None or not 0 <= partition < partition_count:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if len(metadata.encode()) > metadata_max_bytes:
+        return ErrorCode.OFFSET_METADATA_TOO_LARGE
+    return ErrorCode.NONE
+
+
 def _select_protocol(members: Iterable[Member]) -> str:
     """Kafka's vote: among protocols every member supports, each member votes for its first."""
     members = list(members)

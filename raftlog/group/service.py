@@ -42,7 +42,7 @@ from raftlog.fetch.schemas_group import (
 )
 from raftlog.fetch.schemas_txn import TXN_OFFSET_COMMIT
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
-from raftlog.group.coordinator import GroupCoordinator, PendingPersist
+from raftlog.group.coordinator import GroupCoordinator, PendingPersist, offset_entry_error
 from raftlog.group.records import (
     GroupKey,
     OffsetKey,
@@ -513,12 +513,11 @@ class GroupService:
             for p in topic.partitions:
                 tp = (topic.name, p.partition_index)
                 metadata = p.committed_metadata or ""
-                if error:
-                    reply(tp, error)
-                elif known is None or not 0 <= p.partition_index < len(known.partitions):
-                    reply(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                elif len(metadata.encode()) > self.config.offset_metadata_max_bytes:
-                    reply(tp, ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                code = error or offset_entry_error(
+                    None if known is None else len(known.partitions), p.partition_index,
+                    metadata, self.config.offset_metadata_max_bytes)
+                if code:
+                    reply(tp, code)
                 else:
                     entries[tp] = reply(tp, ErrorCode.NONE)
                     epoch = p.committed_leader_epoch if version >= 6 else -1

@@ -38,7 +38,7 @@ import trio
 
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.server import Body, HandlerResult, RequestContext
-from raftlog.group.coordinator import DEAD, Group
+from raftlog.group.coordinator import DEAD, Group, offset_entry_error
 from raftlog.group.records import (
     OffsetKey,
     OffsetValue,
@@ -48,6 +48,7 @@ from raftlog.group.records import (
 )
 from raftlog.partition.batch import BatchHeader, build_batch, decode_records, parse_header
 from raftlog.partition.errors import PartitionLogError
+from raftlog.partition.manager import Replicated
 from raftlog.txn.coordinator_service import VERIFY_TIMEOUT_S, PendingVerification, Verdict
 
 if TYPE_CHECKING:
@@ -231,12 +232,11 @@ class TxnOffsets:
             for p in topic.partitions:
                 tp = (topic.name, p.partition_index)
                 metadata = p.committed_metadata or ""
-                if error:
-                    reply(tp, error)
-                elif known is None or not 0 <= p.partition_index < len(known.partitions):
-                    reply(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-                elif len(metadata.encode()) > service.config.offset_metadata_max_bytes:
-                    reply(tp, ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                code = error or offset_entry_error(
+                    None if known is None else len(known.partitions), p.partition_index,
+                    metadata, service.config.offset_metadata_max_bytes)
+                if code:
+                    reply(tp, code)
                 else:
                     entries.append(reply(tp, ErrorCode.NONE))
                     leader_epoch = p.committed_leader_epoch if version >= 2 else -1
@@ -346,13 +346,11 @@ class TxnOffsets:
         generation, target = written
 
         async def wait_until_written() -> Body:
-            deadline = trio.current_time() + WRITE_TIMEOUT_S
-            await partition.wait_until(
-                lambda: partition.high_watermark >= target or partition.deleted
-                or partition.leadership_generation != generation, deadline)
-            if partition.leadership_generation != generation or partition.deleted:
+            replicated = await partition.wait_replicated(
+                target, generation, trio.current_time() + WRITE_TIMEOUT_S)
+            if replicated is Replicated.MOVED:
                 return fail(ErrorCode.NOT_COORDINATOR)
-            if partition.high_watermark < target:
+            if replicated is Replicated.TIMED_OUT:
                 return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
             return body()
 

@@ -20,6 +20,7 @@ single-node behaviour; ``replication.ReplicaManager`` assigns roles from the met
 
 from __future__ import annotations
 
+import enum
 import logging
 import shutil
 import time
@@ -88,6 +89,14 @@ def log_config_for(configs: Mapping[str, str]) -> LogConfig:
         min_compaction_lag_ms=int(
             configs.get("min.compaction.lag.ms", defaults.min_compaction_lag_ms)),
     )
+
+
+class Replicated(enum.Enum):
+    """How a wait for the high watermark under one leadership ended."""
+
+    YES = "replicated"
+    MOVED = "leadership moved or partition deleted"
+    TIMED_OUT = "timed out"
 
 
 @dataclass(eq=False)
@@ -224,6 +233,18 @@ class Partition:
             while not predicate():
                 await self._changed.wait()
         return predicate()
+
+    async def wait_replicated(self, offset: int, generation: int, deadline: float
+                              ) -> Replicated:
+        """Waits until the high watermark reaches ``offset`` while this replica still leads
+        in leadership ``generation`` (what an internal-topic writer needs before it answers)."""
+        def moved() -> bool:
+            return self.deleted or self.leadership_generation != generation
+
+        await self.wait_until(lambda: self.high_watermark >= offset or moved(), deadline)
+        if moved():
+            return Replicated.MOVED
+        return Replicated.YES if self.high_watermark >= offset else Replicated.TIMED_OUT
 
     async def wait_high_watermark(self, offset: int, deadline: float) -> bool:
         """Waits until the high watermark reaches ``offset``; False on timeout or deletion."""

@@ -49,7 +49,7 @@ from raftlog.metadata.image import NO_LEADER, MetadataImage
 from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import build_batch, decode_records, parse_header
 from raftlog.partition.errors import PartitionLogError
-from raftlog.partition.manager import Partition, PartitionManager, now_ms
+from raftlog.partition.manager import Partition, PartitionManager, Replicated, now_ms
 from raftlog.partition.txn_index import build_marker
 from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator import (
@@ -453,15 +453,12 @@ class TxnCoordinatorService:
             log.warning("cannot persist transaction %r: %s", metadata.transactional_id, exc)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         self.manager.note_append(partition)
-        generation = partition.leadership_generation
-        target = info.last_offset + 1
-        deadline = trio.current_time() + PERSIST_TIMEOUT_S
-        await partition.wait_until(
-            lambda: partition.high_watermark >= target or partition.deleted
-            or partition.leadership_generation != generation, deadline)
-        if partition.leadership_generation != generation or partition.deleted:
+        replicated = await partition.wait_replicated(
+            info.last_offset + 1, partition.leadership_generation,
+            trio.current_time() + PERSIST_TIMEOUT_S)
+        if replicated is Replicated.MOVED:
             return ErrorCode.NOT_COORDINATOR
-        if partition.high_watermark < target:
+        if replicated is Replicated.TIMED_OUT:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         state.txns[metadata.transactional_id] = metadata
         return ErrorCode.NONE
@@ -602,15 +599,12 @@ class TxnCoordinatorService:
         # A verify_only answer still in flight predates this marker: it must not be used.
         self._verify_guards.pop((topic, index, producer_id), None)
         self.manager.note_append(partition)
-        generation = partition.leadership_generation
-        target = info.last_offset + 1
-        deadline = trio.current_time() + PERSIST_TIMEOUT_S
-        await partition.wait_until(
-            lambda: partition.high_watermark >= target or partition.deleted
-            or partition.leadership_generation != generation, deadline)
-        if partition.leadership_generation != generation or partition.deleted:
+        replicated = await partition.wait_replicated(
+            info.last_offset + 1, partition.leadership_generation,
+            trio.current_time() + PERSIST_TIMEOUT_S)
+        if replicated is Replicated.MOVED:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        if partition.high_watermark < target:
+        if replicated is Replicated.TIMED_OUT:
             return ErrorCode.REQUEST_TIMED_OUT
         if topic == OFFSETS_TOPIC and self.pending_offsets is not None:
             self.pending_offsets.complete(producer_id, index, commit)
