@@ -404,3 +404,35 @@ def kafka_python_consume(bootstrap: str, topic: str, partitions: Iterable[int],
     finally:
         consumer.close(autocommit=False)
     return out
+
+
+def read_values_to_end(bootstrap: str, topic: str, partitions: int, isolation: str,
+                       *, timeout_s: float = 60) -> list[bytes]:
+    """Every value of ``topic`` from offset 0 to each partition's end (the LSO for
+    read_committed), read with confluent-kafka; fails if an end is not reached in time."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "raftlog-read-to-end",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "isolation.level": isolation, "enable.partition.eof": True, "log_level": 2})
+    out: list[bytes] = []
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0)
+                         for p in range(partitions)])
+        eof: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(eof) < partitions:
+            assert time.monotonic() < deadline, f"{isolation}: only {eof} reached the end"
+            for message in consumer.consume(num_messages=1000, timeout=0.5):
+                error = message.error()
+                if error is not None:
+                    if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                        eof.add(message.partition())
+                        continue
+                    raise AssertionError(f"consumer error: {error}")
+                eof.discard(message.partition())
+                out.append(message.value())
+    finally:
+        consumer.close()
+    return out

@@ -32,7 +32,7 @@ from raftlog.fetch.schemas import LIST_OFFSETS
 from raftlog.txn.coordinator import partition_for
 from raftlog.txn.coordinator_service import TXN_TOPIC, TxnSettings
 from tests.integration.cluster_harness import Cluster, ClusterNode, cluster3, wait_until
-from tests.integration.helpers import unique_topic
+from tests.integration.helpers import read_values_to_end, unique_topic
 from tests.integration.test_cluster_failover import create_topic
 
 __all__ = ["cluster3"]
@@ -255,8 +255,9 @@ def test_transactions_stay_atomic_through_sigkills(cluster3: Cluster) -> None:
     assert any(role == "coordinator" for role, _ in injector.kills)
 
     _wait_stable(cluster3, topic)
-    committed_view = _read_all(cluster3.live_bootstrap(), topic, "read_committed")
-    uncommitted_view = _read_all(cluster3.live_bootstrap(), topic, "read_uncommitted")
+    bootstrap = cluster3.live_bootstrap()
+    committed_view = read_values_to_end(bootstrap, topic, PARTITIONS, "read_committed")
+    uncommitted_view = read_values_to_end(bootstrap, topic, PARTITIONS, "read_uncommitted")
 
     run_s = time.monotonic() - injector.started
     summary = (f"seed {seed}: kills {injector.kills} at {injector.kill_times} s, "
@@ -321,31 +322,3 @@ def _wait_stable(cluster: Cluster, topic: str) -> None:
             return False
 
     wait_until(stable, 60, "every LSO to reach the high watermark", interval_s=0.25)
-
-
-def _read_all(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
-    """Every value from offset 0 to the end (the LSO for read_committed)."""
-    consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "txn-atomic-check",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "isolation.level": isolation, "enable.partition.eof": True, "log_level": 2})
-    out: list[bytes] = []
-    try:
-        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0)
-                         for p in range(PARTITIONS)])
-        eof: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(eof) < PARTITIONS:
-            assert time.monotonic() < deadline, f"{isolation}: only {eof} reached the end"
-            for message in consumer.consume(num_messages=1000, timeout=0.5):
-                error = message.error()
-                if error is not None:
-                    if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                        eof.add(message.partition())
-                        continue
-                    raise AssertionError(f"consumer error: {error}")
-                eof.discard(message.partition())
-                out.append(message.value())
-    finally:
-        consumer.close()
-    return out

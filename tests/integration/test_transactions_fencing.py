@@ -14,46 +14,18 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import BrokerProcess
-from tests.integration.helpers import create_topic, unique_topic
+from tests.integration.helpers import create_topic, read_values_to_end, unique_topic
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 PARTITIONS = 3
 
 
-def _read(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
-    """Every value of the topic up to its end (the LSO for read_committed)."""
-    consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "txn-fencing-check",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "isolation.level": isolation, "enable.partition.eof": True})
-    out: list[bytes] = []
-    try:
-        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0)
-                         for p in range(PARTITIONS)])
-        eof: set[int] = set()
-        deadline = time.monotonic() + 30
-        while len(eof) < PARTITIONS:
-            assert time.monotonic() < deadline, f"{isolation}: only {eof} reached the end"
-            for message in consumer.consume(num_messages=1000, timeout=0.3):
-                error = message.error()
-                if error is not None:
-                    if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                        eof.add(message.partition())
-                        continue
-                    raise AssertionError(f"consumer error: {error}")
-                eof.discard(message.partition())
-                out.append(message.value())
-    finally:
-        consumer.close()
-    return out
-
-
 def _wait_visible(bootstrap: str, topic: str, expected: set[bytes]) -> list[bytes]:
     """read_committed until ``expected`` is visible (the markers follow EndTxn)."""
     deadline = time.monotonic() + 30
     while True:
-        values = _read(bootstrap, topic, "read_committed")
+        values = read_values_to_end(bootstrap, topic, PARTITIONS, "read_committed")
         if expected <= set(values) or time.monotonic() > deadline:
             return values
         time.sleep(0.2)
@@ -62,7 +34,7 @@ def _wait_visible(bootstrap: str, topic: str, expected: set[bytes]) -> list[byte
 def _check_views(bootstrap: str, topic: str, zombie: set[bytes], fresh: set[bytes]) -> None:
     committed = _wait_visible(bootstrap, topic, fresh)
     assert sorted(committed) == sorted(fresh), committed  # none of A's, all of B's, once
-    everything = set(_read(bootstrap, topic, "read_uncommitted"))
+    everything = set(read_values_to_end(bootstrap, topic, PARTITIONS, "read_uncommitted"))
     assert zombie <= everything  # A's records were written: it is the marker that hides them
 
 
