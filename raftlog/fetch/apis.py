@@ -398,7 +398,8 @@ class KafkaApis:
             # --- compaction (raftlog.partition.cleaner): a compacted topic refuses records
             # without a key, as Kafka's LogValidator does. Only compacted topics pay for
             # reading (and, if compressed, decompressing) the records.
-            if self._is_compacted(topic) and validate_batches(records) and \
+            headers: list[BatchHeader] | None = None  # validated once; the append reuses them
+            if self._is_compacted(topic) and (headers := validate_batches(records)) and \
                     has_record_without_key(records):
                 return _record_error(result, ErrorCode.INVALID_RECORD,
                                      "Compacted topic cannot accept message without key"), None
@@ -409,8 +410,9 @@ class KafkaApis:
                     f"The ISR has {partition.isr_size} replicas, fewer than"
                     f" min.insync.replicas={partition.min_insync_replicas}.")
                 return result, None
+            if headers is None:
+                headers = validate_batches(records)
             idempotent = _is_idempotent(records)
-            headers = validate_batches(records) if idempotent else []
             if idempotent:
                 check = partition.producers.check_appends(headers)
                 if check.error:
@@ -419,7 +421,7 @@ class KafkaApis:
                 if check.duplicate is not None:
                     return self._duplicate(partition, check.duplicate, acks, result)
             info = partition.log.append(records, leader_epoch=partition.leader_epoch,
-                                        now_ms=now_ms())
+                                        now_ms=now_ms(), validated=headers)
         except KafkaStorageError as exc:
             # The log logged the failure (once, as an ERROR) and is intact; the producer
             # gets a retriable error instead of a closed connection.

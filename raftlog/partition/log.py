@@ -491,15 +491,21 @@ class PartitionLog:
         leader_epoch: int,
         now_ms: int,
         allow_control: bool = False,
+        validated: Sequence[BatchHeader] | None = None,
     ) -> AppendInfo:
         """Validate client batches, assign offsets and write them (not fsynced: see flush).
+
+        ``validated``: the headers ``validate_batches`` already returned for this very buffer
+        (the produce handler validates once to check producer state), so the CRCs are not
+        computed twice.
 
         Raises CorruptRecordError, InvalidRecordError or RecordTooLargeError and then writes
         nothing; KafkaStorageError when the disk refuses the write (the log is left ending
         with its last whole batch, see ``_roll_and_write``) or the log is offline.
         """
         assert not self._closed
-        headers = validate_batches(records, allow_control=allow_control)
+        headers = (list(validated) if validated is not None
+                   else validate_batches(records, allow_control=allow_control))
         self._check_batch_sizes(headers)
         self._check_writable()
         buf = bytearray(records)
