@@ -1,4 +1,4 @@
-"""InitProducerId (22) and AllocateProducerIds (67) handlers.
+"""The InitProducerId (22) handler.
 
 Handler contract as in ``raftlog.fetch.server``: a handler gets a ``RequestContext`` and
 returns a body, or an async zero-arg function that returns it. Expected failures are error
@@ -28,28 +28,27 @@ COORDINATOR_NOT_AVAILABLE (15) and NOT_COORDINATOR (16) are retriable everywhere
 ``InitProducerIdHandler`` re-looks-up the coordinator and re-enqueues, aiokafka
 ``InitPIDHandler`` marks the coordinator dead and backs off), so producers would spin forever.
 An empty transactional id → INVALID_REQUEST (42), as Kafka.
+
+AllocateProducerIds (67), which fills this broker's ``ProducerIdManager``, is the controller's:
+``raftlog.fetch.controller_apis`` serves it, and a broker sends it with
+``BrokerLifecycle.allocate_block``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Final
 
 from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import ALLOCATE_PRODUCER_IDS, INIT_PRODUCER_ID
+from raftlog.fetch.schemas import INIT_PRODUCER_ID
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
-from raftlog.txn.producer_ids import (
-    ProducerIdAllocationError,
-    ProducerIdManager,
-    ProducerIdsUnavailableError,
-)
+from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
 from raftlog.txn.producer_state import NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 
 __all__ = [
     "EPOCH_EXHAUSTED",
     "TRANSACTIONAL_ID_ERROR",
-    "AllocateForBroker",
     "ProducerApis",
 ]
 
@@ -59,37 +58,22 @@ log = logging.getLogger(__name__)
 EPOCH_EXHAUSTED: Final = 2**15 - 2
 TRANSACTIONAL_ID_ERROR: Final = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
-# (broker_id, broker_epoch) -> (first id, length); raises ProducerIdAllocationError.
-# ``QuorumBlockAllocator`` is the implementation on a controller.
-AllocateForBroker = Callable[[int, int], Awaitable[tuple[int, int]]]
-
 
 class ProducerApis:
-    """Handlers for producer ids, bound to this broker's ``ProducerIdManager`` and, on a
-    controller, to the block allocator serving AllocateProducerIds."""
+    """InitProducerId, bound to this broker's ``ProducerIdManager``."""
 
-    def __init__(
-        self,
-        manager: ProducerIdManager,
-        allocate_for_broker: AllocateForBroker | None = None,
-        *,
-        init_timeout_s: float = 5.0,
-    ) -> None:
+    def __init__(self, manager: ProducerIdManager, *, init_timeout_s: float = 5.0) -> None:
         self.manager = manager
-        self.allocate_for_broker = allocate_for_broker
         self.init_timeout_s = init_timeout_s
         # InitProducerId with a transactional id: the transaction coordinator's handler
         # (``TxnApis.init_producer_id``), set by ``raftlog.txn.install``.
         self.transactional_init: Callable[[RequestContext], HandlerResult] | None = None
 
     def handlers(self) -> dict[int, Handler]:
-        """InitProducerId, plus AllocateProducerIds only when an allocator was given (so this
-        table never shadows another component's AllocateProducerIds handler)."""
+        """InitProducerId only: AllocateProducerIds is the controller's (``ControllerApis``)."""
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
             INIT_PRODUCER_ID.key: self.init_producer_id,
         }
-        if self.allocate_for_broker is not None:
-            table[ALLOCATE_PRODUCER_IDS.key] = self.allocate_producer_ids
         return dict(table)
 
     # -- InitProducerId ------------------------------------------------------------------------
@@ -125,32 +109,9 @@ class ProducerApis:
 
         return allocate
 
-    # -- AllocateProducerIds (internal, broker -> controller) ----------------------------------
-
-    def allocate_producer_ids(self, ctx: RequestContext) -> HandlerResult:
-        allocate_for_broker = self.allocate_for_broker
-        if allocate_for_broker is None:
-            return _allocate_body(ErrorCode.NOT_CONTROLLER)
-        broker_id = ctx.body.broker_id
-        broker_epoch = ctx.body.broker_epoch
-
-        async def allocate() -> Body:
-            try:
-                start, length = await allocate_for_broker(broker_id, broker_epoch)
-            except ProducerIdAllocationError as exc:
-                log.info("AllocateProducerIds for broker %d: %s", broker_id, exc)
-                return _allocate_body(exc.error_code)
-            return _allocate_body(ErrorCode.NONE, start, length)
-
-        return allocate
-
 
 def _init_body(error: int, producer_id: int = NO_PRODUCER_ID,
                producer_epoch: int = NO_PRODUCER_EPOCH) -> Body:
     return {"throttle_time_ms": 0, "error_code": int(error), "producer_id": producer_id,
             "producer_epoch": producer_epoch}
 
-
-def _allocate_body(error: int, start: int = 0, length: int = 0) -> Body:
-    return {"throttle_time_ms": 0, "error_code": int(error), "producer_id_start": start,
-            "producer_id_len": length}

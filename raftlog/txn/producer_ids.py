@@ -7,12 +7,13 @@ two brokers ever get overlapping blocks. Once 90 % of the current block is used
 that finds no id left waits at most its timeout and then fails with
 COORDINATOR_LOAD_IN_PROGRESS, which every client retries.
 
-* ``ProducerIdManager`` is the broker side. Its block source is an injected async callback
-  ``allocate_block() -> (start, length)``: the AllocateProducerIds RPC to the controller, or,
-  on a single node, ``QuorumBlockAllocator.for_node(node_id)``.
-* ``QuorumBlockAllocator`` is the controller side: it proposes a ``ProducerIdBlock`` record
-  (compare-and-set on the image's ``next_producer_id``) and is what the AllocateProducerIds
-  handler calls.
+``ProducerIdManager`` is the broker side. Its block source is an injected async callback
+``allocate_block() -> (start, length)``; a node passes ``BrokerLifecycle.allocate_block``,
+the AllocateProducerIds request through the ``ControllerChannel`` (in-process on a combined
+node that is the controller, over TCP otherwise). The controller side is the one in
+``raftlog.metadata.controller`` (decision) and ``controller_service`` (the proposal, with the
+controller's term and the compare-and-set on ``next_producer_id``), served by
+``raftlog.fetch.controller_apis``.
 """
 
 from __future__ import annotations
@@ -24,46 +25,22 @@ from typing import Any, Final
 
 import trio
 
-from raftlog.fetch.errors import ErrorCode
-from raftlog.metadata import errors as metadata_errors
-from raftlog.metadata import quorum as quorum_module
-from raftlog.metadata.errors import wire_error_code
-from raftlog.metadata.quorum import Quorum, QuorumError
-from raftlog.metadata.records import ProducerIdBlock
-
 __all__ = [
-    "BLOCK_SIZE",
-    "STALE_BROKER_EPOCH",
     "AllocateBlock",
-    "ProducerIdAllocationError",
     "ProducerIdManager",
     "ProducerIdsUnavailableError",
-    "QuorumBlockAllocator",
 ]
 
 log = logging.getLogger(__name__)
 
-# ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
-BLOCK_SIZE: Final = 1000
 PREFETCH_THRESHOLD: Final = 0.9
 INT64_MAX: Final = 2**63 - 1
-# Errors.STALE_BROKER_EPOCH, not (yet) in raftlog.fetch.errors.ErrorCode.
-STALE_BROKER_EPOCH: Final = 77
 
 AllocateBlock = Callable[[], Awaitable[tuple[int, int]]]
 
 
 class ProducerIdsUnavailableError(Exception):
     """No producer id could be handed out within the caller's timeout."""
-
-
-class ProducerIdAllocationError(Exception):
-    """The controller refused or failed to allocate a block; ``error_code`` is the Kafka code
-    for the AllocateProducerIds response."""
-
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(message)
-        self.error_code = error_code
 
 
 @dataclass(slots=True)
@@ -200,88 +177,3 @@ class ProducerIdManager:
             self._next = block
         arrived, self._block_arrived = self._block_arrived, trio.Event()
         arrived.set()
-
-
-class QuorumBlockAllocator:
-    """Controller side of AllocateProducerIds: commits a ``ProducerIdBlock`` record.
-
-    Kafka's ``ProducerIdControlManager.generateNextProducerId``: the broker's epoch must match
-    its registration (else STALE_BROKER_EPOCH 77); a node that is not the controller answers
-    NOT_CONTROLLER (41). A lost compare-and-set race (two proposals read the same
-    ``next_producer_id``) is retried; proposals are serialised so that this is rare.
-    """
-
-    def __init__(
-        self,
-        quorum: Quorum,
-        *,
-        block_size: int = BLOCK_SIZE,
-        propose_timeout_s: float = 5.0,
-        attempts: int = 3,
-    ) -> None:
-        assert block_size >= 1 and propose_timeout_s > 0 and attempts >= 1
-        self._quorum = quorum
-        self._block_size = block_size
-        self._propose_timeout_s = propose_timeout_s
-        self._attempts = attempts
-        self._lock = trio.Lock()
-
-    def for_node(self, node_id: int) -> AllocateBlock:
-        """An ``allocate_block`` for a node that is itself the controller (single node)."""
-
-        async def allocate_block() -> tuple[int, int]:
-            return await self(node_id, -1)
-
-        return allocate_block
-
-    async def __call__(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
-        """Allocate a block for ``broker_id``; ``broker_epoch`` -1 skips the epoch check.
-
-        Raises:
-            ProducerIdAllocationError: with the code for the response.
-        """
-        if not getattr(self._quorum, "controller_ready", True):
-            raise ProducerIdAllocationError(ErrorCode.NOT_CONTROLLER, "not the controller")
-        broker = self._quorum.image.brokers.get(broker_id)
-        if broker is None or (broker_epoch != -1 and broker_epoch != broker.epoch):
-            known = "not registered" if broker is None else f"registered with epoch {broker.epoch}"
-            raise ProducerIdAllocationError(
-                STALE_BROKER_EPOCH, f"broker {broker_id} epoch {broker_epoch}: {known}")
-        # Bounds the wait for the lock too (another allocation in progress).
-        with trio.move_on_after(self._propose_timeout_s * (self._attempts + 1)):
-            async with self._lock:
-                return await self._propose(broker_id)
-        raise ProducerIdAllocationError(ErrorCode.REQUEST_TIMED_OUT,
-                                        "producer id allocation timed out")
-
-    async def _propose(self, broker_id: int) -> tuple[int, int]:
-        message = "no attempt made"
-        for _ in range(self._attempts):
-            start = self._quorum.image.next_producer_id
-            record = ProducerIdBlock(next_block_start=start, block_size=self._block_size,
-                                     node_id=broker_id)
-            try:
-                result = await self._quorum.propose(record, timeout_s=self._propose_timeout_s)
-            except _NOT_CONTROLLER_ERRORS as exc:
-                raise ProducerIdAllocationError(ErrorCode.NOT_CONTROLLER, str(exc)) from exc
-            except QuorumError as exc:
-                raise ProducerIdAllocationError(
-                    ErrorCode.REQUEST_TIMED_OUT, f"the metadata quorum did not commit: {exc}"
-                ) from exc
-            if result.ok:
-                assert result.value == start, (result.value, start)
-                return start, self._block_size
-            message = result.message or f"error {result.error_code}"
-            if result.error_code != metadata_errors.STALE_METADATA_VERSION:
-                raise ProducerIdAllocationError(wire_error_code(result.error_code), message)
-        raise ProducerIdAllocationError(ErrorCode.REQUEST_TIMED_OUT,
-                                        f"lost {self._attempts} allocation races: {message}")
-
-
-def _not_controller_errors() -> tuple[type[BaseException], ...]:
-    # The Raft quorum raises NotControllerError (cluster-design.md); LocalQuorum has none.
-    error = getattr(quorum_module, "NotControllerError", None)
-    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
-
-
-_NOT_CONTROLLER_ERRORS: Final = _not_controller_errors()

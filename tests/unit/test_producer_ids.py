@@ -1,41 +1,58 @@
-"""Producer id blocks (ProducerIdManager, QuorumBlockAllocator) and the InitProducerId /
-AllocateProducerIds handlers.
+"""Producer id blocks: the broker's ProducerIdManager, the controller's allocation behind
+AllocateProducerIds, and the InitProducerId handler.
 
 Goal: ids are unique and handed out without waiting while blocks last, the next block is
 prefetched at 90 %, allocator failures and hangs are retried and never block a caller past
-its timeout, and the handlers answer what Kafka (and the clients) expect. Method: fake
-allocators under trio's autojump clock; a real LocalQuorum for the controller side.
+its timeout; the controller never hands out overlapping blocks (also under concurrent
+requests and lost compare-and-set races) and answers the codes brokers expect; the handlers
+answer what Kafka (and the clients) expect. Method: fake allocators under trio's autojump
+clock for the manager; a real LocalQuorum, ControllerService and ControllerApis (with a hook
+that injects rival blocks and quorum failures) for the controller side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import trio
 import trio.testing
 
+from raftlog.broker_lifecycle import BrokerLifecycle, ControllerChannel, call_in_process
+from raftlog.config import ServerConfig
 from raftlog.fetch import codec
-from raftlog.fetch.codec import Api, RequestHeader
+from raftlog.fetch.apis import KafkaApis
+from raftlog.fetch.codec import Api, RequestHeader, Struct
+from raftlog.fetch.controller_apis import ControllerApis
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import ALLOCATE_PRODUCER_IDS, INIT_PRODUCER_ID
 from raftlog.fetch.server import Body, RequestContext
-from raftlog.metadata import errors as metadata_errors
-from raftlog.metadata.quorum import LocalNode, LocalQuorum, ProposalTimeoutError
+from raftlog.metadata import errors
+from raftlog.metadata.controller import STALE_BROKER_EPOCH, Registration
+from raftlog.metadata.controller_service import (
+    ALLOCATION_ATTEMPTS,
+    ControllerService,
+    ControllerUnavailableError,
+    settings_from_config,
+)
+from raftlog.metadata.quorum import (
+    PROPOSE_TIMEOUT_S_DEFAULT,
+    LocalNode,
+    LocalQuorum,
+    NotControllerError,
+    ProposalTimeoutError,
+    QuorumStatus,
+)
 from raftlog.metadata.records import ProducerIdBlock, Record
 from raftlog.metadata.state import ApplyResult, MetadataImage, MetadataStateMachine
+from raftlog.partition.manager import PartitionManager
 from raftlog.txn.apis import EPOCH_EXHAUSTED, ProducerApis
-from raftlog.txn.producer_ids import (
-    STALE_BROKER_EPOCH,
-    ProducerIdAllocationError,
-    ProducerIdManager,
-    ProducerIdsUnavailableError,
-    QuorumBlockAllocator,
-)
-
-NODE = LocalNode(node_id=1, host="127.0.0.1", port=9092)
+from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
 
 
 class FakeAllocator:
@@ -155,97 +172,265 @@ async def test_concurrent_callers_get_distinct_ids(autojump_clock: trio.testing.
     assert sorted(got) == list(range(120))
 
 
-# --- QuorumBlockAllocator ------------------------------------------------------------------
+# --- The controller side: ControllerCore + ControllerService behind ControllerApis -----------
+#
+# The one allocation path a node uses: ``BrokerLifecycle.allocate_block`` sends
+# AllocateProducerIds through the ``ControllerChannel`` (in-process on a combined node) to
+# ``ControllerApis``, whose handler calls ``ControllerService.allocate_producer_ids``: the core
+# decides the block, the service proposes it under its term and retries a lost CAS race.
+
+CONTROLLER_ID: Final = 1
+KAFKA_PORT: Final = 9092  # advertised only: nothing listens in these tests
+WAIT_S: Final = 10.0
+
+Script = list[ApplyResult | Exception]
 
 
-async def test_blocks_from_a_local_quorum(tmp_path: Path) -> None:
-    async with LocalQuorum(tmp_path, MetadataStateMachine(), node=NODE) as quorum:
-        allocator = QuorumBlockAllocator(quorum)
-        assert await allocator(1, -1) == (0, 1000)
-        epoch = quorum.image.brokers[1].epoch
-        assert await allocator(1, epoch) == (1000, 1000)
-        for broker_id, broker_epoch in ((1, epoch + 1), (7, -1)):
-            with pytest.raises(ProducerIdAllocationError) as caught:
-                await allocator(broker_id, broker_epoch)
-            assert caught.value.error_code == STALE_BROKER_EPOCH
-        assert quorum.image.next_producer_id == 2000
+class InterposedQuorum:
+    """A real ``LocalQuorum`` with a hook in front of ``ProducerIdBlock`` proposals.
 
-        manager = ProducerIdManager(allocator.for_node(1))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(manager.run)
-            ids = await take(manager, 1500, timeout_s=5.0)
-            nursery.cancel_scope.cancel()
-        assert ids == list(range(2000, 3500))
-        assert quorum.image.next_producer_id == 4000  # the third block was prefetched
+    ``rivals`` blocks are committed straight to the inner quorum just before the next
+    proposals are forwarded (a rival allocation that wins the compare-and-set); ``script``
+    outcomes are returned or raised instead of forwarding. Every ``ProducerIdBlock`` proposal
+    and its request id is recorded. ``ready`` False takes the controller role away.
+    """
 
-
-class ScriptedQuorum:
-    """A quorum whose proposals return (or raise) scripted outcomes."""
-
-    def __init__(self, outcomes: list[ApplyResult | Exception], *, ready: bool = True) -> None:
-        self.outcomes = outcomes
-        self.controller_ready = ready
-        self.proposed: list[Record] = []
-        self._image = MetadataImage(next_producer_id=5000)
+    def __init__(self, inner: LocalQuorum) -> None:
+        self.inner = inner
+        self.ready = True
+        self.rivals = 0
+        self.script: Script = []
+        self.blocks: list[tuple[ProducerIdBlock, str | None]] = []
 
     @property
     def image(self) -> MetadataImage:
-        return self._image
+        return self.inner.image
 
-    async def propose(self, record: Record, **kwargs: Any) -> ApplyResult:
-        self.proposed.append(record)
-        outcome = self.outcomes.pop(0)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+    @property
+    def controller_ready(self) -> bool:
+        return self.ready and self.inner.controller_ready
+
+    @property
+    def leader_node_id(self) -> int | None:
+        return self.inner.leader_node_id if self.ready else None
+
+    def status(self) -> QuorumStatus:
+        return self.inner.status()
+
+    async def propose(self, record: Record, *, expected_version: int | None = None,
+                      request_id: str | None = None,
+                      timeout_s: float = PROPOSE_TIMEOUT_S_DEFAULT) -> ApplyResult:
+        if not self.ready:
+            raise NotControllerError("switched off by the test")
+        if isinstance(record, ProducerIdBlock):
+            self.blocks.append((record, request_id))
+            if self.script:
+                outcome = self.script.pop(0)
+                if isinstance(outcome, Exception):
+                    raise outcome
+                return outcome
+            if self.rivals > 0:
+                self.rivals -= 1
+                rival = ProducerIdBlock(self.inner.image.next_producer_id, 1000, CONTROLLER_ID)
+                assert (await self.inner.propose(rival)).ok
+        return await self.inner.propose(record, expected_version=expected_version,
+                                        request_id=request_id, timeout_s=timeout_s)
+
+    async def wait_for_version(self, version: int, timeout_s: float) -> MetadataImage:
+        return await self.inner.wait_for_version(version, timeout_s)
+
+    async def wait_changed(self, since_version: int, timeout_s: float) -> MetadataImage:
+        return await self.inner.wait_changed(since_version, timeout_s)
 
 
-def _registered(quorum: ScriptedQuorum) -> ScriptedQuorum:
-    from raftlog.metadata.image import BrokerImage, frozen_mapping
+@dataclass
+class Controller:
+    """A combined node's controller: quorum, controller service and its handlers."""
 
-    broker = BrokerImage(1, "h", 1, None, "x", fenced=False, epoch=3, version=3)
-    quorum._image = MetadataImage(next_producer_id=5000, brokers=frozen_mapping({1: broker}))
-    return quorum
+    config: ServerConfig
+    quorum: InterposedQuorum
+    service: ControllerService
+    apis: ControllerApis
+    nursery: trio.Nursery
+
+    async def allocate(self, broker_id: int, broker_epoch: int) -> Struct:
+        """AllocateProducerIds through the handler (and the codec), as a broker sends it."""
+        handler = self.apis.handlers()[ALLOCATE_PRODUCER_IDS.key]
+        body = {"broker_id": broker_id, "broker_epoch": broker_epoch}
+        return await call_in_process(handler, ALLOCATE_PRODUCER_IDS, 0, body)
+
+    def epoch(self, broker_id: int) -> int:
+        return self.quorum.image.brokers[broker_id].epoch
 
 
-async def test_a_lost_allocation_race_is_retried() -> None:
-    stale = ApplyResult(metadata_errors.STALE_METADATA_VERSION, "raced")
-    quorum = _registered(ScriptedQuorum([stale, ApplyResult(0, value=5000)]))
-    assert await QuorumBlockAllocator(quorum)(1, 3) == (5000, 1000)  # type: ignore[arg-type]
-    assert quorum.proposed == [ProducerIdBlock(5000, 1000, 1)] * 2
+def node_config(tmp_path: Path) -> ServerConfig:
+    return ServerConfig.from_properties({
+        "node.id": str(CONTROLLER_ID),
+        "process.roles": "broker,controller",
+        "listeners": f"PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:9093",
+        "controller.quorum.voters": f"{CONTROLLER_ID}@127.0.0.1:9093",
+        "log.dirs": str(tmp_path / "data"),
+        "cluster.id": "test-cluster",
+    })
+
+
+@asynccontextmanager
+async def controller_node(tmp_path: Path) -> AsyncIterator[Controller]:
+    config = node_config(tmp_path)
+    node = LocalNode(CONTROLLER_ID, "127.0.0.1", KAFKA_PORT)
+    async with LocalQuorum(tmp_path / "meta", MetadataStateMachine(), node=node) as local:
+        quorum = InterposedQuorum(local)
+        service = ControllerService(quorum, settings_from_config(config))
+        manager = PartitionManager(tmp_path / "data", CONTROLLER_ID)
+        kafka_apis = KafkaApis(config, quorum, manager)
+        apis = ControllerApis(config, quorum, service, kafka_apis)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                await eventually(lambda: service.active, "the controller to start")
+                yield Controller(config, quorum, service, apis, nursery)
+                nursery.cancel_scope.cancel()
+        finally:
+            manager.close()
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = trio.current_time() + timeout_s
+    while trio.current_time() < deadline:
+        if check():
+            return
+        await trio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def expect_blocks(starts: list[int]) -> list[tuple[int, int]]:
+    return [(start, 1000) for start in starts]
+
+
+async def test_a_combined_node_fills_its_manager_through_its_own_controller(
+    tmp_path: Path,
+) -> None:
+    """node.py's wiring: ProducerIdManager <- BrokerLifecycle.allocate_block <- the channel,
+    in-process to ControllerApis <- ControllerService (proposals stamped with its term)."""
+    async with controller_node(tmp_path) as controller:
+        quorum = controller.quorum
+        channel = ControllerChannel(CONTROLLER_ID, quorum)
+        channel.set_local_handlers(controller.apis.handlers())
+        lifecycle = BrokerLifecycle(
+            controller.config, quorum, channel,
+            advertised=("127.0.0.1", KAFKA_PORT),
+            incarnation_id=quorum.image.brokers[CONTROLLER_ID].incarnation_id)
+        manager = ProducerIdManager(lifecycle.allocate_block)
+        assert set(ProducerApis(manager).handlers()) == {INIT_PRODUCER_ID.key}
+        await controller.nursery.start(lifecycle.run)
+        await controller.nursery.start(manager.run)
+        ids = await take(manager, 1950, timeout_s=WAIT_S)
+        assert ids == list(range(1950))
+        await eventually(lambda: quorum.image.next_producer_id == 3000,
+                         "the third block to be prefetched at 1900")
+        term = controller.service.active_term
+        assert [block for block, _ in quorum.blocks] == [
+            ProducerIdBlock(start, 1000, CONTROLLER_ID) for start in (0, 1000, 2000)]
+        assert all(rid is not None and rid.startswith(f"ctl-{CONTROLLER_ID}-{term}-")
+                   for _, rid in quorum.blocks), quorum.blocks
+        await channel.aclose()
+
+
+async def test_the_allocate_producer_ids_handler(tmp_path: Path) -> None:
+    async with controller_node(tmp_path) as controller:
+        epoch = controller.epoch(CONTROLLER_ID)
+        answers = [await controller.allocate(CONTROLLER_ID, broker_epoch)
+                   for broker_epoch in (-1, epoch)]
+        assert [a.to_dict() for a in answers] == [
+            {"throttle_time_ms": 0, "error_code": 0, "producer_id_start": start,
+             "producer_id_len": 1000} for start in (0, 1000)]
+        refusals = {
+            STALE_BROKER_EPOCH: (CONTROLLER_ID, epoch + 1),
+            errors.BROKER_ID_NOT_REGISTERED: (9, -1),
+        }
+        for code, (broker_id, broker_epoch) in refusals.items():
+            answer = await controller.allocate(broker_id, broker_epoch)
+            assert (answer.error_code, answer.producer_id_len) == (code, 0)
+        assert controller.quorum.image.next_producer_id == 2000, "refusals commit nothing"
+        controller.quorum.ready = False  # another node won the election
+        await eventually(lambda: not controller.service.active, "the service to step down")
+        answer = await controller.allocate(CONTROLLER_ID, -1)
+        assert answer.error_code == errors.NOT_CONTROLLER
+        with pytest.raises(ControllerUnavailableError) as caught:
+            await controller.service.allocate_producer_ids(CONTROLLER_ID, -1)
+        assert caught.value.error_code == errors.NOT_CONTROLLER
+        assert controller.quorum.image.next_producer_id == 2000
+
+
+async def test_concurrent_allocations_for_several_brokers_never_overlap(tmp_path: Path) -> None:
+    async with controller_node(tmp_path) as controller:
+        for broker_id in (2, 3):
+            code, _, _ = await controller.service.register(
+                Registration(broker_id, uuid.uuid4().hex, "127.0.0.1", 9000 + broker_id,
+                             cluster_id="test-cluster"))
+            assert code == errors.NONE
+        got: dict[int, list[tuple[int, int]]] = {1: [], 2: [], 3: []}
+
+        async def allocate(broker_id: int) -> None:
+            answer = await controller.allocate(broker_id, controller.epoch(broker_id))
+            assert answer.error_code == errors.NONE, errors.error_name(answer.error_code)
+            got[broker_id].append((answer.producer_id_start, answer.producer_id_len))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                for broker_id in got:
+                    nursery.start_soon(allocate, broker_id)
+        blocks = sorted(block for owned in got.values() for block in owned)
+        assert blocks == expect_blocks(list(range(0, 24_000, 1000))), "disjoint and gapless"
+        assert all(len(owned) == 8 for owned in got.values())
+        assert controller.quorum.image.next_producer_id == 24_000
+
+
+@pytest.mark.parametrize(("rivals", "wins"), [(1, True), (ALLOCATION_ATTEMPTS, False)])
+async def test_a_lost_allocation_race_is_retried(tmp_path: Path, rivals: int, wins: bool) -> None:
+    """A rival block commits between the core's decision and the proposal: the proposal loses
+    the compare-and-set on ``next_producer_id``, and the service decides again (at most
+    ALLOCATION_ATTEMPTS times, then REQUEST_TIMED_OUT so the broker retries later)."""
+    async with controller_node(tmp_path) as controller:
+        controller.quorum.rivals = rivals
+        answer = await controller.allocate(CONTROLLER_ID, -1)
+        tried = [block.next_block_start for block, _ in controller.quorum.blocks]
+        if wins:
+            assert (answer.error_code, answer.producer_id_start) == (errors.NONE, 1000)
+            assert tried == [0, 1000]
+            assert controller.quorum.image.next_producer_id == 2000
+        else:
+            assert answer.error_code == errors.REQUEST_TIMED_OUT
+            assert tried == [1000 * n for n in range(ALLOCATION_ATTEMPTS)]
+            assert controller.quorum.image.next_producer_id == 1000 * ALLOCATION_ATTEMPTS
+        # The broker's retry succeeds once nobody races it.
+        retry = await controller.allocate(CONTROLLER_ID, -1)
+        assert retry.error_code == errors.NONE
+        assert retry.producer_id_start == controller.quorum.image.next_producer_id - 1000
 
 
 @pytest.mark.parametrize(
-    ("outcomes", "ready", "code"),
+    ("script", "code"),
     [
-        ([], False, ErrorCode.NOT_CONTROLLER),
-        ([ProposalTimeoutError("slow", outcome_unknown=True)], True, ErrorCode.REQUEST_TIMED_OUT),
-        ([ApplyResult(metadata_errors.STALE_METADATA_VERSION)] * 2, True,
-         ErrorCode.REQUEST_TIMED_OUT),
-        ([ApplyResult(metadata_errors.INVALID_REQUEST, "exhausted")], True,
-         ErrorCode.INVALID_REQUEST),
+        ([NotControllerError("leader moved")], errors.NOT_CONTROLLER),
+        ([ProposalTimeoutError("slow", outcome_unknown=False)], errors.REQUEST_TIMED_OUT),
+        ([ProposalTimeoutError("slow", outcome_unknown=True)] * 2, errors.REQUEST_TIMED_OUT),
+        ([ApplyResult(errors.INVALID_REQUEST, "producer ids exhausted")], errors.INVALID_REQUEST),
     ],
 )
-async def test_allocation_errors(
-    outcomes: list[ApplyResult | Exception], ready: bool, code: int
+async def test_allocation_failures_answer_kafka_codes(
+    tmp_path: Path, script: Script, code: int
 ) -> None:
-    quorum = _registered(ScriptedQuorum(outcomes, ready=ready))
-    allocator = QuorumBlockAllocator(quorum, attempts=2)  # type: ignore[arg-type]
-    with pytest.raises(ProducerIdAllocationError) as caught:
-        await allocator(1, -1)
-    assert caught.value.error_code == code
-
-
-async def test_not_controller_from_the_raft_quorum() -> None:
-    from raftlog.metadata import quorum as quorum_module
-
-    error_type = getattr(quorum_module, "NotControllerError", None)
-    if error_type is None:
-        pytest.skip("this tree has no NotControllerError yet")
-    quorum = _registered(ScriptedQuorum([error_type("leader moved")]))
-    with pytest.raises(ProducerIdAllocationError) as caught:
-        await QuorumBlockAllocator(quorum)(1, -1)  # type: ignore[arg-type]
-    assert caught.value.error_code == ErrorCode.NOT_CONTROLLER
+    async with controller_node(tmp_path) as controller:
+        controller.quorum.script = list(script)
+        answer = await controller.allocate(CONTROLLER_ID, -1)
+        assert (answer.error_code, answer.producer_id_len) == (code, 0)
+        request_ids = [rid for _, rid in controller.quorum.blocks]
+        # An unknown outcome is retried once under the same request id (applied at most once).
+        assert len(request_ids) == len(script) and len(set(request_ids)) == 1
+        assert controller.quorum.image.next_producer_id == 0
+        answer = await controller.allocate(CONTROLLER_ID, -1)
+        assert (answer.error_code, answer.producer_id_start) == (errors.NONE, 0)
 
 
 # --- handlers ------------------------------------------------------------------------------
@@ -342,26 +527,3 @@ async def test_init_producer_id_without_ids_answers_load_in_progress(
         assert trio.current_time() - start == pytest.approx(2.0)
 
     await with_apis([None], check, init_timeout_s=2.0)
-
-
-async def test_allocate_producer_ids_handler(tmp_path: Path) -> None:
-    request = context(ALLOCATE_PRODUCER_IDS, 0, {"broker_id": 1, "broker_epoch": -1})
-    async with LocalQuorum(tmp_path, MetadataStateMachine(), node=NODE) as quorum:
-
-        async def check(apis: ProducerApis) -> None:
-            assert set(apis.handlers()) == {INIT_PRODUCER_ID.key, ALLOCATE_PRODUCER_IDS.key}
-            body = await call(apis.allocate_producer_ids, request)
-            assert body == {"throttle_time_ms": 0, "error_code": 0, "producer_id_start": 0,
-                            "producer_id_len": 1000}
-            unknown = context(ALLOCATE_PRODUCER_IDS, 0, {"broker_id": 9, "broker_epoch": 1})
-            body = await call(apis.allocate_producer_ids, unknown)
-            assert body["error_code"] == STALE_BROKER_EPOCH
-
-        await with_apis([(0, 10)], check, allocate_for_broker=QuorumBlockAllocator(quorum))
-
-    async def not_controller(apis: ProducerApis) -> None:
-        assert set(apis.handlers()) == {INIT_PRODUCER_ID.key}
-        body = await call(apis.allocate_producer_ids, request)
-        assert body["error_code"] == ErrorCode.NOT_CONTROLLER
-
-    await with_apis([(0, 10)], not_controller)
