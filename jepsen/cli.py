@@ -54,7 +54,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--nemeses", default="none,kill,pause,partition,clock,all")
     c.add_argument("--seed", type=int, default=1, help="first seed")
     c.add_argument("--out", type=Path, default=None,
-                   help="table directory (default: STORE/campaign-<time>)")
+                   help="table directory (default: STORE/campaign-<time>); one that already "
+                        "holds a campaign.json is resumed: only runs not yet recorded are run")
+    c.add_argument("--until", default=None, metavar="HH:MM",
+                   help="start no run that would end after this UTC time (today), or an ISO "
+                        "date-time; judged by the mean run time so far")
+    c.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                   help="like --until, S seconds after the campaign starts")
+    c.add_argument("--keep-store", choices=("invalid", "all"), default="invalid",
+                   help="invalid: shrink the store dir of a valid run to results.json and "
+                        "history.jsonl.gz (others keep logs and plots); all: keep everything")
+    c.add_argument("--no-retry-errors", dest="retry_errors", action="store_false",
+                   help="on resume, do not rerun runs that hit a harness error")
     _test_args(c)
     return top
 
