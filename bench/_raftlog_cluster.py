@@ -38,8 +38,21 @@ NODE_STOP_TIMEOUT_S = 20.0
 PRODUCE_TIMEOUT_S = 180.0
 CLIENT_LOG_LEVEL = 2  # librdkafka: critical only (a killed broker makes it log connect errors)
 
-# Throughput: the single-node benchmark's producer, with idempotence on (acks=all already).
-THROUGHPUT_PRODUCER_CONFIG: dict[str, Any] = {
+# Throughput: the single-node benchmark's producer (acks=all, linger.ms=5, 1 MB batches),
+# with librdkafka's defaults for the rest: enable.idempotence=false and
+# max.in.flight.requests.per.connection=1000000, so several produce requests per partition
+# are in flight. The NATS side matches: publish_async without Nats-Msg-Id (no dedupe window).
+THROUGHPUT_PRODUCER_CONFIG: dict[str, Any] = dict(PRODUCER_CONFIG)
+assert THROUGHPUT_PRODUCER_CONFIG["acks"] == "all"
+assert "max.in.flight.requests.per.connection" not in THROUGHPUT_PRODUCER_CONFIG
+
+# The same with idempotence on, reported next to it. librdkafka's idempotent producer has
+# at most ONE produce request in flight per partition, whatever max.in.flight says: it caps
+# requests at 5 - rktp_msgs_inflight, and that counter is in messages, not requests
+# (rdkafka_broker.c, rd_kafka_toppar_producer_serve; librdkafka PR #4989 is open to change
+# it). One partition then moves one batch (<= batch.size) per produce round trip, and the
+# broker thread spins in poll() while it waits (it burns most of a core on this 2-core box).
+IDEMPOTENT_THROUGHPUT_PRODUCER_CONFIG: dict[str, Any] = {
     **PRODUCER_CONFIG,
     "enable.idempotence": True,
     "max.in.flight.requests.per.connection": 5,
@@ -366,17 +379,18 @@ def controller_id(admin: AdminClient) -> int:
 
 
 def produce(cluster: RaftlogCluster, topic: str, partitions: int, repeat: int, records: int,
-            payload: bytes) -> PhaseResult:
-    """Produce `records` x `payload` with acks=all and idempotence; round-robin over the
-    partitions. Timed from the first produce() until flush() returns. CPU is the sum of the
-    three nodes (per node in `extra`)."""
+            payload: bytes, idempotent: bool = False) -> PhaseResult:
+    """Produce `records` x `payload` with acks=all (and idempotence if asked); round-robin
+    over the partitions. Timed from the first produce() until flush() returns. CPU is the
+    sum of the three nodes (per node in `extra`). The phase is `produce-<p>p[-idem]`."""
     errors: list[str] = []
 
     def on_error(error: Any, _message: Any) -> None:
         if error is not None:
             errors.append(str(error))
 
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, **THROUGHPUT_PRODUCER_CONFIG,
+    config = IDEMPOTENT_THROUGHPUT_PRODUCER_CONFIG if idempotent else THROUGHPUT_PRODUCER_CONFIG
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, **config,
                          "on_delivery": on_error})
     metadata = producer.list_topics(topic, timeout=10)  # connect, learn the leaders
     leaders = {p: m.leader for p, m in metadata.topics[topic].partitions.items()}
@@ -408,11 +422,16 @@ def produce(cluster: RaftlogCluster, topic: str, partitions: int, repeat: int, r
     leader_names = sorted({f"node{n}" for n in leaders.values()})
     leader_cpu = sum(meter.by_name.get(name, 0.0) for name in leader_names)
     return PhaseResult(
-        "raftlog", f"produce-{partitions}p", repeat, delivered, delivered * len(payload),
+        "raftlog", phase_name(partitions, idempotent), repeat, delivered, delivered * len(payload),
         seconds, meter.usage(), ok=ok, note=note,
-        extra={"partitions": partitions, "leaders": {str(p): n for p, n in leaders.items()},
+        extra={"partitions": partitions, "topic": topic, "idempotent": idempotent,
+               "leaders": {str(p): n for p, n in leaders.items()},
                "leader_cpu_pct": leader_cpu, "cpu_pct_by_node": meter.by_name,
                "enqueue_seconds": enqueued, "buffer_full_retries": buffer_full})
+
+
+def phase_name(partitions: int, idempotent: bool) -> str:
+    return f"produce-{partitions}p" + ("-idem" if idempotent else "")
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:

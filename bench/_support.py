@@ -6,6 +6,7 @@ Nothing here knows about Kafka or NATS. A `ServerProcess` is any listening child
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -248,3 +249,19 @@ def check_prerequisites() -> str | None:
     if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
         return "nats-server is missing: apt-get install -y nats-server (Debian ships 2.9.10)"
     return None
+
+
+def run_header(title: str, options: Any, env: dict[str, Any], detail: str = "") -> str:
+    """The first line of a run: what is compared, the sizes, the box and the versions."""
+    return (f"{title}: {options.records:,} x {options.record_bytes} B, {options.repeats} "
+            f"repeats{detail}; {env['cpus']} CPUs, load avg {env['loadavg_at_start'][0]:.2f}; "
+            f"confluent-kafka {env['confluent_kafka']} (librdkafka {env['librdkafka']}), "
+            f"nats-py {env['nats_py']}, {env['nats_server']}")
+
+
+def write_json(path: Path | None, document: dict[str, Any]) -> None:
+    """Every raw number of a run as strict JSON (NaN -> null), if --json was given."""
+    if path is None:
+        return
+    path.write_text(json.dumps(json_safe(document), indent=2) + "\n")
+    print(f"raw numbers written to {path}")

@@ -5,10 +5,13 @@
 
 One run measures four things (see bench/README.md):
 
-1. Throughput: N x 1 KiB records produced with confluent-kafka (acks=all, idempotence on) to
-   a replication-factor-3 topic (1 partition, and 3 partitions) of a fresh 3-node cluster, next
-   to nats-py publishing to an R3 file stream of three clustered nats-servers (at most 1000
-   acks in flight). Repeats are interleaved: raftlog, NATS, raftlog, NATS, ...
+1. Throughput: N x 1 KiB records produced with confluent-kafka (acks=all, linger.ms=5,
+   batch.size=1 MB, librdkafka's defaults otherwise: idempotence off, many requests in
+   flight) to a replication-factor-3 topic (1 partition, and 3 partitions) of a fresh 3-node
+   cluster, then 1 partition again with enable.idempotence=true (reported, no target: the
+   idempotent librdkafka keeps one request in flight per partition), next to nats-py
+   publishing to an R3 file stream of three clustered nats-servers (at most 1000 acks in
+   flight, no Nats-Msg-Id dedupe). Repeats are interleaved: raftlog, NATS, raftlog, NATS, ...
 2. Failover: one-record-at-a-time acks=all idempotent produces; SIGKILL of the partition
    leader's process between two produces; time from the kill to the next acknowledged produce.
    The node is restarted and back in the ISR before the next trial.
@@ -23,7 +26,6 @@ whatever the figures (2 when a prerequisite is missing).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -37,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from _support import MB, CpuUsage, PhaseResult, Spread, check_prerequisites, json_safe
+from _support import MB, CpuUsage, PhaseResult, Spread, check_prerequisites, run_header, write_json
 from _support import environment as common_environment
 
 TARGET_PRODUCE_MB_S = 100.0
@@ -187,6 +189,13 @@ def print_phase(result: PhaseResult) -> None:
 # -- the measurements ---------------------------------------------------------------------------
 
 
+def throughput_phases(options: Options) -> list[tuple[int, bool]]:
+    """(partitions, idempotent) of every raftlog produce phase: each topic size with
+    librdkafka's defaults, then 1 partition again with enable.idempotence=true."""
+    phases = [(p, False) for p in options.partitions]
+    return [*phases, (1, True)] if 1 in options.partitions else phases
+
+
 def run_raftlog_throughput(options: Options, workdir: Path, repeat: int, payload: bytes,
                            run: Run) -> None:
     """Fresh cluster (timed launch), produce to each topic size, stop (timed), launch again
@@ -197,10 +206,12 @@ def run_raftlog_throughput(options: Options, workdir: Path, repeat: int, payload
     done: list[PhaseResult] = []
     try:
         run.launches.append(Launch("fresh", cluster.up(), f"throughput r{repeat}"))
-        for p in options.partitions:
-            cluster.create_topic(f"bench-{p}p", p)
-        for p in options.partitions:
-            result = side.produce(cluster, f"bench-{p}p", p, repeat, options.records, payload)
+        for p, idempotent in throughput_phases(options):
+            cluster.create_topic(side.phase_name(p, idempotent).replace("produce", "bench"), p)
+        for p, idempotent in throughput_phases(options):
+            topic = side.phase_name(p, idempotent).replace("produce", "bench")
+            result = side.produce(cluster, topic, p, repeat, options.records, payload,
+                                  idempotent)
             done.append(result)
             run.phases.append(result)
             print_phase(result)
@@ -209,9 +220,9 @@ def run_raftlog_throughput(options: Options, workdir: Path, repeat: int, payload
         run.launches.append(Launch("stop", cluster.stop(), f"throughput r{repeat}"))
         data = cluster.data_bytes()
         seconds = cluster.up()
-        expected = {f"bench-{r.extra['partitions']}p": r.records + 1 for r in done if r.ok}
-        found = {topic: sum(side.end_offsets(cluster.bootstrap, topic,
-                                             int(topic.split("-")[1][:-1])))
+        expected = {r.extra["topic"]: r.records + 1 for r in done if r.ok}
+        sizes = {r.extra["topic"]: r.extra["partitions"] for r in done if r.ok}
+        found = {topic: sum(side.end_offsets(cluster.bootstrap, topic, sizes[topic]))
                  for topic in expected}  # +1: the untimed warm-up record
         note = "" if found == expected else f"end offsets after restart {found}, " \
             f"expected {expected}"
@@ -222,10 +233,10 @@ def run_raftlog_throughput(options: Options, workdir: Path, repeat: int, payload
         traceback.print_exc()
         run.errors.append(f"raftlog throughput r{repeat}: {exc!r}")
         names = {r.phase for r in done}
-        for p in options.partitions:
-            if f"produce-{p}p" not in names:
-                run.phases.append(failed_phase("raftlog", f"produce-{p}p", repeat,
-                                               f"{exc!r}\n{cluster.log_tail(1500)}"))
+        for p, idempotent in throughput_phases(options):
+            if side.phase_name(p, idempotent) not in names:
+                run.phases.append(failed_phase("raftlog", side.phase_name(p, idempotent),
+                                               repeat, f"{exc!r}\n{cluster.log_tail(1500)}"))
     finally:
         cluster.stop()
         _save_logs(options, _cluster_logs(cluster), f"throughput-r{repeat}")
@@ -391,6 +402,19 @@ def _cell(spread: Spread, digits: int = 1) -> str:
     return f"{spread.median:,.{digits}f} ({spread.low:,.{digits}f}-{spread.high:,.{digits}f})"
 
 
+def _ratios(run: Run, repeats: int, raftlog_phase: str) -> list[float]:
+    """raftlog `raftlog_phase` msgs/s over NATS R3 msgs/s, per interleaved repeat."""
+    ratios = []
+    for repeat in range(repeats):
+        a = [r for r in run.phases if (r.system, r.phase, r.repeat)
+             == ("raftlog", raftlog_phase, repeat) and r.ok]
+        b = [r for r in run.phases if (r.system, r.phase, r.repeat)
+             == ("nats", "produce-1p", repeat) and r.ok]
+        if a and b and b[0].msgs_per_s > 0:
+            ratios.append(a[0].msgs_per_s / b[0].msgs_per_s)
+    return ratios
+
+
 def report(options: Options, run: Run) -> dict[str, Any]:
     rows: list[tuple[str, str, str, str]] = []  # section, measurement, value, n
     summary: dict[str, Any] = {}
@@ -410,12 +434,13 @@ def report(options: Options, run: Run) -> dict[str, Any]:
     ratio_per_repeat: list[float] = []
     throughput_by_p: dict[int, Spread] = {}
     if "throughput" in options.sections:
-        kinds = [("raftlog", f"produce-{p}p") for p in options.partitions] + \
-                [("nats", "produce-1p")]
-        for system, phase in kinds:
+        kinds = [("raftlog", p, idem) for p, idem in throughput_phases(options)] + \
+                [("nats", 1, False)]
+        for system, p, idem in kinds:
+            phase = f"produce-{p}p" + ("-idem" if idem else "")
             results = [r for r in run.phases if (r.system, r.phase) == (system, phase)]
-            label = f"raftlog RF3 {phase[8:-1]}-partition" if system == "raftlog" \
-                else "NATS JetStream R3"
+            label = f"raftlog RF3 {p}-partition" + (" idempotent" if idem else "") \
+                if system == "raftlog" else "NATS JetStream R3"
             mb = add("throughput", f"{label} MB/s", ok_values(results, lambda r: r.mb_per_s),
                      key=f"{system} {phase} mb_per_s")
             msgs = add("throughput", f"{label} msgs/s",
@@ -431,21 +456,19 @@ def report(options: Options, run: Run) -> dict[str, Any]:
             box = _spread([r.cpu.box_busy_pct for r in results])
             rows[-1] = (*rows[-1][:2], f"{rows[-1][2]} / {_cell(box, 0)}", rows[-1][3])
             summary[f"{system} {phase} box_busy_pct"] = vars(box)
-            if system == "raftlog":
-                throughput_by_p[int(phase[8:-1])] = mb
-                if phase == "produce-1p":
+            if system == "raftlog" and not idem:
+                throughput_by_p[p] = mb
+                if p == 1:
                     raftlog_1p = msgs
             else:
                 nats_1p = msgs
-        for repeat in range(options.repeats):
-            a = [r for r in run.phases if (r.system, r.phase, r.repeat)
-                 == ("raftlog", "produce-1p", repeat) and r.ok]
-            b = [r for r in run.phases if (r.system, r.phase, r.repeat)
-                 == ("nats", "produce-1p", repeat) and r.ok]
-            if a and b and b[0].msgs_per_s > 0:
-                ratio_per_repeat.append(a[0].msgs_per_s / b[0].msgs_per_s)
+        ratio_per_repeat = _ratios(run, options.repeats, "produce-1p")
         add("throughput", "raftlog 1-partition / NATS R3 msgs/s (per repeat)",
             ratio_per_repeat, 2, key="ratio per repeat")
+        idem_ratios = _ratios(run, options.repeats, "produce-1p-idem")
+        if idem_ratios:
+            add("throughput", "raftlog 1-partition idempotent / NATS R3 (per repeat)",
+                idem_ratios, 2, key="idempotent ratio per repeat")
 
     failover = Spread.of([])
     if "failover" in options.sections:
@@ -517,7 +540,7 @@ def report(options: Options, run: Run) -> dict[str, Any]:
     targets: list[tuple[str, str, bool]] = []
     if "throughput" in options.sections:
         mb1 = throughput_by_p.get(1, Spread.of([])).median
-        targets.append(("raftlog RF3 produce >= 100 MB/s (1 partition)", f"{mb1:.1f} MB/s",
+        targets.append(("raftlog RF3 acks=all >= 100 MB/s (1 partition)", f"{mb1:.1f} MB/s",
                         mb1 >= TARGET_PRODUCE_MB_S))
         for p, spread in throughput_by_p.items():
             if p != 1:
@@ -585,11 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     env = environment()
-    print(f"raftlog 3-node cluster vs NATS JetStream R3 on 127.0.0.1: {options.records:,} x "
-          f"{options.record_bytes} B, {options.repeats} repeats, partitions {options.partitions}"
-          f"; {env['cpus']} CPUs, load avg {env['loadavg_at_start'][0]:.2f}; confluent-kafka "
-          f"{env['confluent_kafka']} (librdkafka {env['librdkafka']}), nats-py "
-          f"{env['nats_py']}, {env['nats_server']}", flush=True)
+    print(run_header("raftlog 3-node cluster vs NATS JetStream R3 on 127.0.0.1", options, env,
+                     f", partitions {options.partitions}"), flush=True)
     payload = os.urandom(options.record_bytes)
     run = Run()
     started = time.monotonic()
@@ -620,27 +640,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = report(options, run)
     env["loadavg_at_end"] = os.getloadavg()
     print(f"total run time {time.monotonic() - started:.0f} s")
-    if options.json_path is not None:
-        document = {
-            "options": vars(options),
-            "environment": env,
-            "targets_config": {"produce_mb_per_s": TARGET_PRODUCE_MB_S,
-                               "produce_vs_nats_msgs_per_s": TARGET_PRODUCE_VS_NATS,
-                               "failover_median_s": TARGET_FAILOVER_MEDIAN_S,
-                               "startup_s": TARGET_STARTUP_S, "rss_mb": TARGET_RSS_MB},
-            "notes": [DURABILITY_NOTE, NOISE_NOTE],
-            "phases": [r.as_json() for r in run.phases],
-            "launches": [asdict(x) for x in run.launches],
-            "memory": [asdict(m) for m in run.memory],
-            "supervisor_rss_kib": run.supervisor_rss_kib,
-            "failover_trials": [asdict(t) for t in run.trials],
-            "errors": run.errors,
-            **out,
-            "profile": run.profile,
-            "total_seconds": time.monotonic() - started,
-        }
-        options.json_path.write_text(json.dumps(json_safe(document), indent=2) + "\n")
-        print(f"raw numbers written to {options.json_path}")
+    write_json(options.json_path, {
+        "options": vars(options),
+        "environment": env,
+        "targets_config": {"produce_mb_per_s": TARGET_PRODUCE_MB_S,
+                           "produce_vs_nats_msgs_per_s": TARGET_PRODUCE_VS_NATS,
+                           "failover_median_s": TARGET_FAILOVER_MEDIAN_S,
+                           "startup_s": TARGET_STARTUP_S, "rss_mb": TARGET_RSS_MB},
+        "notes": [DURABILITY_NOTE, NOISE_NOTE],
+        "phases": [r.as_json() for r in run.phases],
+        "launches": [asdict(x) for x in run.launches],
+        "memory": [asdict(m) for m in run.memory],
+        "supervisor_rss_kib": run.supervisor_rss_kib,
+        "failover_trials": [asdict(t) for t in run.trials],
+        "errors": run.errors,
+        **out,
+        "profile": run.profile,
+        "total_seconds": time.monotonic() - started,
+    })
     return 0
 
 

@@ -13,7 +13,6 @@ status is 0 whatever the figures (2 only when a prerequisite is missing). See be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -25,7 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _support import CpuUsage, PhaseResult, Spread, check_prerequisites, environment, json_safe
+from _support import (
+    CpuUsage,
+    PhaseResult,
+    Spread,
+    check_prerequisites,
+    environment,
+    run_header,
+    write_json,
+)
 
 TARGET_PRODUCE_MB_S = 200.0
 TARGET_PRODUCE_VS_NATS = 3.0
@@ -294,10 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot run the benchmark: {problem}", file=sys.stderr)
         return 2
     env = environment()
-    print(f"raftlog vs NATS JetStream R1, single node on 127.0.0.1: {options.records:,} x "
-          f"{options.record_bytes} B, {options.repeats} repeats; {env['cpus']} CPUs, "
-          f"load avg {env['loadavg_at_start'][0]:.2f}; confluent-kafka {env['confluent_kafka']}"
-          f" (librdkafka {env['librdkafka']}), nats-py {env['nats_py']}, {env['nats_server']}")
+    print(run_header("raftlog vs NATS JetStream R1, single node on 127.0.0.1", options, env))
     payload = os.urandom(options.record_bytes)
     results: list[PhaseResult] = []
     profile: dict[str, Any] | None = None
@@ -317,20 +321,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = report(options, results)
     env["loadavg_at_end"] = os.getloadavg()
     print(f"total run time {time.monotonic() - started:.0f} s")
-    if options.json_path is not None:
-        document = {
-            "options": vars(options),
-            "environment": env,
-            "targets": {"produce_mb_per_s": TARGET_PRODUCE_MB_S,
-                        "produce_vs_nats_msgs_per_s": TARGET_PRODUCE_VS_NATS,
-                        "consume_mb_per_s": TARGET_CONSUME_MB_S},
-            "notes": [DURABILITY_NOTE, NOISE_NOTE],
-            "phases": [r.as_json() for r in results],
-            **out,
-            "profile": profile,
-        }
-        options.json_path.write_text(json.dumps(json_safe(document), indent=2) + "\n")
-        print(f"raw numbers written to {options.json_path}")
+    write_json(options.json_path, {
+        "options": vars(options),
+        "environment": env,
+        "targets": {"produce_mb_per_s": TARGET_PRODUCE_MB_S,
+                    "produce_vs_nats_msgs_per_s": TARGET_PRODUCE_VS_NATS,
+                    "consume_mb_per_s": TARGET_CONSUME_MB_S},
+        "notes": [DURABILITY_NOTE, NOISE_NOTE],
+        "phases": [r.as_json() for r in results],
+        **out,
+        "profile": profile,
+    })
     return 0
 
 
