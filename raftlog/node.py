@@ -83,6 +83,7 @@ class Node:
         self.data_dir = Path(config.log_dirs[0])
         self.manager = PartitionManager(self.data_dir, config.node_id)
         self.manager.producer_id_expiration_ms = config.producer_id_expiration_ms
+        self.manager.retention_check_interval_ms = config.log_retention_check_interval_ms
         self.cleaner = LogCleaner(self.manager, CleanerSettings(
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))

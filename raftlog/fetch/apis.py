@@ -69,6 +69,7 @@ TxnProduceVerifier = Callable[[str, int, "str | None", int, int],
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3  # KIP-734 (ListOffsets v7+): the record with the largest timestamp
 # Kafka's ListOffsets/OffsetForLeaderEpoch replica ids: a consumer, and a debugging tool that
 # may read from any replica (OffsetForLeaderEpoch below v3 has no replica id and means this).
 CONSUMER_REPLICA_ID = -1
@@ -626,10 +627,16 @@ class KafkaApis:
                 result["offset"] = partition.high_watermark
         elif request.timestamp == EARLIEST_TIMESTAMP:
             result["offset"] = partition.log.log_start_offset
-        elif request.timestamp >= 0:
-            found = partition.log.offset_for_timestamp(request.timestamp)
-            if found is not None and found[0] < partition.high_watermark:
-                result["offset"], result["timestamp"] = found
+        elif request.timestamp >= 0 or request.timestamp == MAX_TIMESTAMP:
+            # Record-granular, as Kafka: the record's own offset, timestamp and batch epoch.
+            found = partition.log.find_max_timestamp() \
+                if request.timestamp == MAX_TIMESTAMP \
+                else partition.log.find_offset_by_timestamp(request.timestamp)
+            fetchable_end = _last_fetchable_offset(partition, from_client, isolation_level)
+            result["leader_epoch"] = -1  # Kafka's answer when nothing is found
+            if found is not None and found.offset < fetchable_end:
+                result["offset"], result["timestamp"] = found.offset, found.timestamp_ms
+                result["leader_epoch"] = found.leader_epoch
             elif hw_lagging:
                 result["error_code"] = OFFSET_NOT_AVAILABLE
         else:
@@ -908,6 +915,17 @@ def _broker_properties(config: ServerConfig) -> dict[str, str]:
         out[item.name.replace("_", ".")] = str(value).lower() if isinstance(value, bool) \
             else str(value)
     return out
+
+
+def _last_fetchable_offset(partition: Partition, from_client: bool, isolation_level: int) -> int:
+    """Kafka's lastFetchableOffset for ListOffsets: a timestamp answer must lie below what
+    the requester may fetch (the LSO for read_committed, the high watermark for other
+    consumers, the log end for replicas and tools)."""
+    if not from_client:
+        return partition.log.log_end_offset
+    if isolation_level == READ_COMMITTED:
+        return partition.last_stable_offset
+    return partition.high_watermark
 
 
 def _check_leader_epoch(requested: int, current: int) -> int:

@@ -2,7 +2,8 @@
 
 The broker validates and rewrites batch *headers* only; it never decodes the records on the
 append or read path. ``build_batch`` and ``decode_records`` exist for tests and tooling
-(console consumer) and handle uncompressed batches only.
+(console consumer) and handle uncompressed batches only. ``record_timestamps`` serves
+ListOffsets by timestamp, which reads the record timestamps of one batch per lookup.
 
 Layout (all big-endian), from Kafka's ``DefaultRecordBatch``::
 
@@ -43,6 +44,7 @@ __all__ = [
     "check_stored_record_count",
     "decode_records",
     "parse_header",
+    "record_timestamps",
     "validate_batches",
 ]
 
@@ -425,6 +427,37 @@ def _decode_batch(buf: Buffer, position: int, header: BatchHeader) -> list[Recor
     if reader.position != len(reader.data):
         raise CorruptRecordError("bytes left over after the last record")
     return records
+
+
+def record_timestamps(header: BatchHeader, records: Buffer) -> list[tuple[int, int]]:
+    """(offset, timestamp_ms) of each record of one batch, for ListOffsets by timestamp.
+
+    ``records`` is the batch's records section, already decompressed. Only the length,
+    timestampDelta and offsetDelta of each record are read; keys, values and headers are
+    skipped. A record's timestamp is firstTimestamp + timestampDelta, except in a
+    LogAppendTime batch, where every record carries the batch's maxTimestamp (the time the
+    broker appended it; the deltas still hold what the producer sent).
+    Raises CorruptRecordError when the records do not fill the section exactly.
+    """
+    reader = _Reader(bytes(records))
+    out: list[tuple[int, int]] = []
+    for _ in range(header.records_count):
+        length = reader.varint()
+        end = reader.position + length
+        if length < 1 or end > len(reader.data):
+            raise CorruptRecordError(f"record length {length} overruns the batch")
+        reader.take(1)  # record attributes: unused
+        timestamp_delta = reader.varint()
+        offset_delta = reader.varint()
+        if reader.position > end:
+            raise CorruptRecordError(f"record length {length} does not match its fields")
+        reader.position = end
+        timestamp_ms = header.max_timestamp if header.timestamp_type \
+            else header.base_timestamp + timestamp_delta
+        out.append((header.base_offset + offset_delta, timestamp_ms))
+    if reader.position != len(reader.data):
+        raise CorruptRecordError("bytes left over after the last record")
+    return out
 
 
 def decode_records(batch_bytes: Buffer, *, include_control: bool = False) -> list[Record]:

@@ -57,6 +57,7 @@ from raftlog.partition.segment import (
     TXN_INDEX_SUFFIX,
     FileSlice,
     Segment,
+    TimestampAndOffset,
     parse_base_offset,
     segment_file_name,
 )
@@ -823,17 +824,33 @@ class PartitionLog:
         return LogRead([])
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first batch whose maxTimestamp >= ``timestamp_ms``, for
-        ListOffsets; the offset is the batch's base offset (clamped to log_start_offset) and
-        the timestamp its maxTimestamp. None when no batch is that recent."""
+        """(offset, timestamp) of :meth:`find_offset_by_timestamp`'s answer, or None."""
+        found = self.find_offset_by_timestamp(timestamp_ms)
+        return None if found is None else (found.offset, found.timestamp_ms)
+
+    def find_offset_by_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
+        """ListOffsets by timestamp (KIP-79): the first record, at or after log_start_offset,
+        whose timestamp is >= ``timestamp_ms``, with that record's own offset and timestamp
+        (not its batch's). None when no record is that recent.
+
+        Kafka searches only the first segment whose largest timestamp reaches the target;
+        should every such record there lie below log_start_offset (DeleteRecords), this
+        goes on to the next segment rather than answer nothing.
+        """
         for segment in self._segments:
             if segment.max_timestamp_ms < timestamp_ms:
                 continue
-            found = segment.find_timestamp(timestamp_ms)
+            found = segment.find_timestamp(timestamp_ms, self._log_start_offset)
             if found is not None:
-                offset, batch_timestamp_ms = found
-                return max(offset, self._log_start_offset), batch_timestamp_ms
+                return found
         return None
+
+    def find_max_timestamp(self) -> TimestampAndOffset | None:
+        """ListOffsets MAX_TIMESTAMP (-3, KIP-734): the earliest record carrying the largest
+        timestamp in the log, or None for an empty log. As in Kafka, the segment is the first
+        one holding that timestamp and log_start_offset does not bound the answer."""
+        segment = max(self._segments, key=lambda candidate: candidate.max_timestamp_ms)
+        return segment.find_max_timestamp()
 
     def _check_offset_in_range(self, offset: int) -> None:
         if not self._log_start_offset <= offset <= self.log_end_offset:

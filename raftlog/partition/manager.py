@@ -45,6 +45,7 @@ from raftlog.txn.snapshot import (
 
 log = logging.getLogger(__name__)
 
+# The default of log.retention.check.interval.ms (raftlog.config explains why not Kafka's 5 min).
 RETENTION_CHECK_INTERVAL_S = 30.0
 FLUSH_POLL_INTERVAL_S = 0.1
 DEFAULT_MIN_INSYNC_REPLICAS = 1
@@ -274,6 +275,8 @@ class PartitionManager:
         self.is_replica_eligible: Callable[[int], bool] = lambda node_id: True
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
         self.producer_id_expiration_ms = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # the node sets it
+        # log.retention.check.interval.ms; the node sets it from server.properties.
+        self.retention_check_interval_ms = int(RETENTION_CHECK_INTERVAL_S * 1000)
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
@@ -439,8 +442,9 @@ class PartitionManager:
         partition.notify_changed()  # producers waiting for this data get their answer now
 
     async def run_retention(self) -> None:
+        """Every log.retention.check.interval.ms: retention, then producer-state snapshots."""
         while True:
-            await trio.sleep(RETENTION_CHECK_INTERVAL_S)
+            await trio.sleep(self.retention_check_interval_ms / 1000)
             self.enforce_retention()
             await self.snapshot_producers()
 

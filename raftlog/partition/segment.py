@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.compression import decompress
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
@@ -32,6 +33,7 @@ from raftlog.partition.batch import (
     check_header,
     check_stored_record_count,
     parse_header,
+    record_timestamps,
 )
 from raftlog.partition.errors import CorruptRecordError, PartitionLogError
 from raftlog.partition.files import write_all, write_atomically
@@ -45,6 +47,7 @@ __all__ = [
     "TXN_INDEX_SUFFIX",
     "FileSlice",
     "Segment",
+    "TimestampAndOffset",
     "parse_base_offset",
     "segment_file_name",
 ]
@@ -72,6 +75,16 @@ def parse_base_offset(path: Path, suffix: str) -> int | None:
     if path.name == stem or len(stem) != _BASE_OFFSET_DIGITS or not stem.isdigit():
         return None
     return int(stem)
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampAndOffset:
+    """A ListOffsets answer: one record's timestamp and offset, and the partitionLeaderEpoch
+    of its batch (-1 when the batch has none), as Kafka's ``FileRecords.TimestampAndOffset``."""
+
+    timestamp_ms: int
+    offset: int
+    leader_epoch: int
 
 
 @dataclass(slots=True)
@@ -564,15 +577,64 @@ class Segment:
             return None
         return FileSlice(os.dup(self._read_fd), start, end - start)
 
-    def find_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(base offset, max timestamp) of the first batch with maxTimestamp >=
-        ``timestamp_ms``, or None."""
+    def find_timestamp(self, timestamp_ms: int, start_offset: int) -> TimestampAndOffset | None:
+        """The first record at or after ``start_offset`` whose timestamp is >=
+        ``timestamp_ms``, or None (Kafka's ``LogSegment.findOffsetByTimestamp``).
+
+        The time index and batch headers find the first batch whose maxTimestamp reaches
+        the target; only that batch's records are decoded (decompressed if need be) to find
+        the record. Control batches are searched like any other, as Kafka does.
+        """
         # Batches before this offset all have smaller timestamps (see TimeIndex).
-        _, position = self.index.lookup(self.time_index.offset_before(timestamp_ms))
-        for _, header in self.iter_headers(position):
-            if header.max_timestamp >= timestamp_ms:
-                return header.base_offset, header.max_timestamp
+        first_offset = max(self.time_index.offset_before(timestamp_ms), start_offset)
+        _, position = self.index.lookup(first_offset)
+        for batch_position, header in self.iter_headers(position):
+            if header.max_timestamp < timestamp_ms or header.last_offset < start_offset:
+                continue
+            for offset, record_timestamp_ms in self._record_timestamps(batch_position, header):
+                if record_timestamp_ms >= timestamp_ms and offset >= start_offset:
+                    return TimestampAndOffset(record_timestamp_ms, offset,
+                                              _batch_epoch(header))
         return None
+
+    def find_max_timestamp(self) -> TimestampAndOffset | None:
+        """The earliest record carrying this segment's largest timestamp, or None when the
+        segment is empty (KIP-734; Kafka's MAX_TIMESTAMP lookup with
+        ``RecordBatch.offsetOfMaxTimestamp``). The timestamp is the batch's maxTimestamp."""
+        _, position = self.index.lookup(self._offset_of_max_timestamp)
+        for batch_position, header in self.iter_headers(position):
+            if header.max_timestamp != self.max_timestamp_ms:
+                continue
+            for offset, record_timestamp_ms in self._record_timestamps(batch_position, header):
+                if record_timestamp_ms == header.max_timestamp:
+                    return TimestampAndOffset(header.max_timestamp, offset,
+                                              _batch_epoch(header))
+            return None  # Kafka too stops at the first batch with that maxTimestamp
+        return None
+
+    def _record_timestamps(self, position: int, header: BatchHeader) -> list[tuple[int, int]]:
+        """(offset, timestamp_ms) of each record of the batch at ``position``.
+
+        Should the records be unreadable (a codec library missing, or bytes a producer
+        compressed wrongly: the CRC only proves they arrived as sent), this falls back to
+        the batch: its base offset with its maxTimestamp, the answer at batch granularity.
+        """
+        data = os.pread(self._read_fd, header.size_bytes, position)
+        records = data[RECORD_BATCH_OVERHEAD:]
+        try:
+            if header.compression_codec:
+                records = decompress(header.compression_codec, records)
+            return record_timestamps(header, records)
+        except Exception as error:  # codec libraries raise their own types; never crash
+            logger.warning("%s: cannot read the records of the batch at offset %d (%s); "
+                           "answering with the batch's base offset", self.log_path,
+                           header.base_offset, error)
+            return [(header.base_offset, header.max_timestamp)]
+
+
+def _batch_epoch(header: BatchHeader) -> int:
+    # Kafka answers a batch's partitionLeaderEpoch only when it is set (>= 0).
+    return header.partition_leader_epoch if header.partition_leader_epoch >= 0 else -1
 
 
 def _open_read(path: Path) -> int:

@@ -1,0 +1,60 @@
+"""A broker honours ``log.retention.check.interval.ms`` from server.properties: with 200 ms it
+deletes expired segments within seconds, where its 30 s default would not have run yet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftlog.partition.batch import build_batch
+from tests.integration.conftest import BrokerProcess
+from tests.integration.helpers import (
+    EARLIEST,
+    broker_log_problems,
+    create_topic,
+    list_offsets,
+    produce_raw,
+    unique_topic,
+    wait_until,
+)
+
+HOUR_MS = 3_600_000
+# Generous for a loaded machine, yet well inside the 30 s a default broker waits before its
+# first check (the broker starts before the wait begins, so ignoring the property fails).
+DELETION_WAIT_S = 15.0
+
+
+@pytest.fixture
+def fast_retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    process = BrokerProcess(tmp_path, extra_properties={"log.retention.check.interval.ms": "200"})
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_short_check_interval_deletes_expired_segments(
+        fast_retention_broker: BrokerProcess) -> None:
+    broker = fast_retention_broker
+    started = time.monotonic()
+    topic = unique_topic("retention-interval")
+    create_topic(broker.bootstrap, topic, 1, {"segment.bytes": "1024", "retention.ms": "60000"})
+    old_ms = int(time.time() * 1000) - HOUR_MS  # past retention.ms on arrival
+    for i in range(6):
+        produce_raw(broker.bootstrap, topic, 0,
+                    build_batch([(None, b"x" * 400, ())], timestamp_ms=old_ms + i))
+    segments = sorted((broker.data_dir / f"{topic}-0").glob("*.log"))
+    assert len(segments) >= 3, segments
+
+    def start_offset() -> int:
+        return list_offsets(broker.bootstrap, topic, [0], EARLIEST)[0]
+
+    wait_until(lambda: start_offset() > 0, DELETION_WAIT_S,
+               "retention to delete the expired segments", interval_s=0.2)
+    assert time.monotonic() - started < 30, "too slow to tell the property from the default"
+    assert len(list((broker.data_dir / f"{topic}-0").glob("*.log"))) < len(segments)
+    assert broker_log_problems(broker.log_path.read_text()) == []
