@@ -231,7 +231,7 @@ LIST_OFFSETS = Api(
     key=2,
     name="ListOffsets",
     min_version=1,
-    max_version=5,
+    max_version=7,  # v6 is the flexible encoding, v7 adds timestamp -3 (KIP-734); same fields
     flexible="6+",
     request=[
         F("replica_id", "int32"),

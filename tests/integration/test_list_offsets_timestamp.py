@@ -106,8 +106,21 @@ def test_clients_get_the_exact_record(shared_broker: BrokerProcess, compression:
     answers = _kafka_python_offsets_for_times(bootstrap, topic, [base_ms + t for t in targets])
     expected_answers = [None if e is None else (e[0], base_ms + e[1]) for e in EXPECTED.values()]
     assert answers == expected_answers, "kafka-python: offsets and record timestamps"
-    # The record with the largest timestamp (+30 ms), not its batch's base offset.
+    # The record with the largest timestamp (+30 ms), not its batch's base offset: through the
+    # project's client, and through librdkafka's admin API (it needs ListOffsets v7).
     assert list_offsets(bootstrap, topic, [0], MAX_TIMESTAMP) == {0: 3}
+    assert _confluent_max_timestamp(bootstrap, topic) == (3, base_ms + max(DELTAS_MS))
+
+
+def _confluent_max_timestamp(bootstrap: str, topic: str) -> tuple[int, int]:
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partition = confluent_kafka.TopicPartition(topic, 0)
+    futures = admin.list_offsets({partition: OffsetSpec.max_timestamp()},
+                                 request_timeout=TIMEOUT_S)
+    info = futures[partition].result(timeout=TIMEOUT_S)
+    return int(info.offset), int(info.timestamp)
 
 
 def test_read_committed_answers_stay_below_the_lso(shared_broker: BrokerProcess) -> None:
