@@ -122,7 +122,9 @@ class Recorder:
 def store_directory(opts: TestOptions) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%f")[:-3]
     name = opts.name or f"{opts.workload}-{stamp}"
-    path = opts.store / name
+    # Absolute: node processes start in their own working directories and read their config
+    # from under this path (a relative --store made every node exit at start-up).
+    path = opts.store.resolve() / name
     path.mkdir(parents=True, exist_ok=False)
     latest = opts.store / "latest"
     with contextlib.suppress(OSError):

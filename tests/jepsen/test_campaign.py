@@ -254,3 +254,16 @@ def test_header_has_settings_and_date_range(fake: FakeRuns, tmp_path: Path) -> N
     first = datetime.fromtimestamp(1_800_000_000, UTC).strftime("%Y-%m-%d %H:%M")
     assert header.startswith("Campaign camp: 2 of 2 runs done, 3 nodes, 5 s each, rate 20/s")
     assert f"runs from {first} to " in header and "mean 10.0 s a run" in header
+
+
+def test_a_relative_store_becomes_an_absolute_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nodes start in their own working directories and read their config from the run
+    directory: a relative --store (the default, "store") made every node exit at start-up."""
+    from jepsen import runner
+
+    monkeypatch.chdir(tmp_path)
+    path = runner.store_directory(runner.TestOptions(store=Path("store"), name="queue-relative"))
+    assert path.is_absolute()
+    assert path == tmp_path / "store" / "queue-relative"
