@@ -701,6 +701,33 @@ def offset_entry_error(partition_count: int | None, partition: int, metadata: st
     return ErrorCode.NONE
 
 
+def check_offset_entries(
+    topics: Iterable[Any], known_topics: Mapping[str, Any], error: int,
+    metadata_max_bytes: int, with_leader_epoch: bool, now_ms: int,
+) -> tuple[list[tuple[TopicPartition, int]], dict[TopicPartition, OffsetValue]]:
+    """The per-partition part of OffsetCommit and TxnOffsetCommit: every requested partition
+    with its error code, in request order, and the offsets that may be stored. ``error`` (a
+    group- or producer-level failure) applies to every partition; ``topics`` are the
+    request's topics (``name``, ``partitions`` with ``partition_index``,
+    ``committed_offset``, ``committed_leader_epoch``, ``committed_metadata``);
+    ``known_topics`` is the metadata image's topics (each with ``partitions``)."""
+    codes: list[tuple[TopicPartition, int]] = []
+    valid: dict[TopicPartition, OffsetValue] = {}
+    for topic in topics:
+        known = known_topics.get(topic.name)
+        count = None if known is None else len(known.partitions)
+        for p in topic.partitions:
+            tp = (topic.name, p.partition_index)
+            metadata = p.committed_metadata or ""
+            code = error or offset_entry_error(count, p.partition_index, metadata,
+                                               metadata_max_bytes)
+            codes.append((tp, code))
+            if not code:
+                epoch = p.committed_leader_epoch if with_leader_epoch else -1
+                valid[tp] = OffsetValue(p.committed_offset, epoch, metadata, now_ms)
+    return codes, valid
+
+
 def _select_protocol(members: Iterable[Member]) -> str:
     """Kafka's vote: among protocols every member supports, each member votes for its first."""
     members = list(members)

@@ -42,11 +42,10 @@ from raftlog.fetch.schemas_group import (
 )
 from raftlog.fetch.schemas_txn import TXN_OFFSET_COMMIT
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
-from raftlog.group.coordinator import GroupCoordinator, PendingPersist, offset_entry_error
+from raftlog.group.coordinator import GroupCoordinator, PendingPersist, check_offset_entries
 from raftlog.group.records import (
     GroupKey,
     OffsetKey,
-    OffsetValue,
     RecordFormatError,
     decode_group_value,
     decode_key,
@@ -504,24 +503,14 @@ class GroupService:
         if not error:
             error = self.core.validate_commit(group_id, generation, member_id, instance_id,
                                               _now_ms())
-        image = self.quorum.image
-        valid: dict[tuple[str, int], OffsetValue] = {}
-        entries: dict[tuple[str, int], Body] = {}
-        now = _now_ms()
-        for topic in request.topics:
-            known = image.topics.get(topic.name)
-            for p in topic.partitions:
-                tp = (topic.name, p.partition_index)
-                metadata = p.committed_metadata or ""
-                code = error or offset_entry_error(
-                    None if known is None else len(known.partitions), p.partition_index,
-                    metadata, self.config.offset_metadata_max_bytes)
-                if code:
-                    reply(tp, code)
-                else:
-                    entries[tp] = reply(tp, ErrorCode.NONE)
-                    epoch = p.committed_leader_epoch if version >= 6 else -1
-                    valid[tp] = OffsetValue(p.committed_offset, epoch, metadata, now)
+        codes, valid = check_offset_entries(
+            request.topics, self.quorum.image.topics, error,
+            self.config.offset_metadata_max_bytes, version >= 6, _now_ms())
+        entries: list[Body] = []  # the stored ones: they get the write's outcome below
+        for tp, code in codes:
+            entry = reply(tp, code)
+            if not code:
+                entries.append(entry)
         body = {"throttle_time_ms": 0, "topics": [
             {"name": name, "partitions": parts} for name, parts in results.items()]}
         if not valid:
@@ -529,7 +518,7 @@ class GroupService:
         index = self.partition_of(group_id)
         code, wait = self._append(index, self.core.commit_records(group_id, valid))
         if code:
-            for entry in entries.values():
+            for entry in entries:
                 entry["error_code"] = _commit_write_error(code)
             return body
         epoch = self._loaded.get(index)
@@ -545,7 +534,7 @@ class GroupService:
                 self.core.apply_commit(group_id, valid, _now_ms())
             elif code == ErrorCode.NONE:
                 code = ErrorCode.NOT_COORDINATOR
-            for entry in entries.values():
+            for entry in entries:
                 entry["error_code"] = _commit_write_error(code)
             return body
 

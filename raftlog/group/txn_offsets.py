@@ -38,7 +38,7 @@ import trio
 
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.server import Body, HandlerResult, RequestContext
-from raftlog.group.coordinator import DEAD, Group, offset_entry_error
+from raftlog.group.coordinator import DEAD, Group, check_offset_entries
 from raftlog.group.records import (
     OffsetKey,
     OffsetValue,
@@ -224,23 +224,13 @@ class TxnOffsets:
         partition = service.manager.get(OFFSETS_TOPIC, index)
         if not error and partition is not None:
             error = self._check_producer(partition, producer_id, epoch, version, index)
-        image = service.quorum.image
-        valid: dict[TopicPartition, OffsetValue] = {}
-        now = _now_ms()
-        for topic in request.topics:
-            known = image.topics.get(topic.name)
-            for p in topic.partitions:
-                tp = (topic.name, p.partition_index)
-                metadata = p.committed_metadata or ""
-                code = error or offset_entry_error(
-                    None if known is None else len(known.partitions), p.partition_index,
-                    metadata, service.config.offset_metadata_max_bytes)
-                if code:
-                    reply(tp, code)
-                else:
-                    entries.append(reply(tp, ErrorCode.NONE))
-                    leader_epoch = p.committed_leader_epoch if version >= 2 else -1
-                    valid[tp] = OffsetValue(p.committed_offset, leader_epoch, metadata, now)
+        codes, valid = check_offset_entries(
+            request.topics, service.quorum.image.topics, error,
+            service.config.offset_metadata_max_bytes, version >= 2, _now_ms())
+        for tp, code in codes:
+            entry = reply(tp, code)
+            if not code:
+                entries.append(entry)
         if not valid or partition is None:
             return body()
 
