@@ -2,6 +2,7 @@
 
     raftlog server --config server.properties [--override key=value ...]
     raftlog topics create|list|describe|delete --bootstrap-server HOST:PORT ...
+    raftlog topics alter --topic T [--add-config k=v[,k=v]] [--delete-config k]
     raftlog produce TOPIC [--key-separator SEP]        (lines from stdin)
     raftlog consume TOPIC [--from-beginning] [--max-messages N]
     raftlog demo                                       (start a node, produce, consume, stop)
@@ -41,13 +42,18 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--config", required=True, help="server.properties file")
     server.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
 
-    topics = commands.add_parser("topics", help="create, list, describe or delete topics")
-    topics.add_argument("action", choices=["create", "list", "describe", "delete"])
+    topics = commands.add_parser("topics",
+                                 help="create, list, describe, alter or delete topics")
+    topics.add_argument("action", choices=["create", "list", "describe", "alter", "delete"])
     topics.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP)
     topics.add_argument("--topic")
     topics.add_argument("--partitions", type=int, default=-1)
     topics.add_argument("--replication-factor", type=int, default=-1)
     topics.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    topics.add_argument("--add-config", action="append", default=[], metavar="K=V[,K=V]",
+                        help="alter: set these configs (list values in [a,b])")
+    topics.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                        help="alter: remove this override (back to the default)")
 
     produce = commands.add_parser("produce", help="console producer: one record per line")
     produce.add_argument("topic")
@@ -128,6 +134,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "topics":
         configs = _key_values(args.config, "--config")
         bootstrap = args.bootstrap_server
+        if args.action == "alter":
+            if args.topic is None:
+                raise KafkaClientError("topics alter needs --topic")
+            deletes = [k.strip() for item in args.delete_config for k in item.split(",")
+                       if k.strip()]
+            return trio.run(tools.alter_topic_configs, bootstrap, args.topic,
+                            tools.parse_add_config(args.add_config), deletes)
         if args.action in ("create", "delete"):
             # Only the controller creates and deletes topics; others answer NOT_CONTROLLER.
             bootstrap = trio.run(_controller_bootstrap, bootstrap)

@@ -20,6 +20,7 @@ from raftlog.fetch.schemas import (
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     FETCH,
+    INCREMENTAL_ALTER_CONFIGS,
     LIST_OFFSETS,
     METADATA,
     PRODUCE,
@@ -179,6 +180,65 @@ async def _describe_topic(cluster: Cluster, topic: str) -> int:
         print(f"\tTopic: {topic}\tPartition: {p.partition_index}\tLeader: {p.leader_id}\t"
               f"LeaderEpoch: {p.leader_epoch}\tReplicas: {','.join(map(str, p.replica_nodes))}"
               f"\tIsr: {','.join(map(str, p.isr_nodes))}")
+    return 0
+
+
+CONFIG_OP_SET = 0
+CONFIG_OP_DELETE = 1
+
+
+def parse_add_config(texts: Sequence[str]) -> dict[str, str]:
+    """kafka-configs.sh's ``--add-config k1=v1,k2=[a,b]``: pairs split on commas outside
+    square brackets, which hold list values (the brackets are dropped).
+
+    Raises:
+        KafkaClientError: an item is not KEY=VALUE.
+    """
+    out: dict[str, str] = {}
+    for text in texts:
+        items, depth, current = [], 0, ""
+        for char in text:
+            depth += {"[": 1, "]": -1}.get(char, 0)
+            if char == "," and depth == 0:
+                items.append(current)
+                current = ""
+            else:
+                current += char
+        items.append(current)
+        for item in filter(str.strip, items):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise KafkaClientError(f"--add-config: {item!r} is not KEY=VALUE")
+            value = value.strip()
+            if value.startswith("[") and value.endswith("]"):
+                value = value[1:-1]
+            out[key.strip()] = value
+    return out
+
+
+async def alter_topic_configs(bootstrap: str, topic: str, add: Mapping[str, str],
+                              delete: Sequence[str]) -> int:
+    """IncrementalAlterConfigs on one topic: SET each of ``add``, DELETE each of ``delete``
+    (any broker takes it; a node that is not the controller forwards it)."""
+    if not add and not delete:
+        raise KafkaClientError("topics alter needs --add-config and/or --delete-config")
+    configs = [{"name": k, "config_operation": CONFIG_OP_SET, "value": v}
+               for k, v in add.items()]
+    configs += [{"name": k, "config_operation": CONFIG_OP_DELETE, "value": None}
+                for k in delete]
+    connection = await connect_any(bootstrap)
+    try:
+        response = await connection.request(INCREMENTAL_ALTER_CONFIGS, {
+            "resources": [{"resource_type": 2, "resource_name": topic, "configs": configs}],
+            "validate_only": False})
+    finally:
+        await connection.aclose()
+    result = response.responses[0]
+    if result.error_code:
+        print(f"Error altering configs of topic {topic}: {ErrorCode(result.error_code).name}"
+              f" {result.get('error_message') or ''}".rstrip(), file=sys.stderr)
+        return 1
+    print(f"Completed updating config for topic {topic}.")
     return 0
 
 

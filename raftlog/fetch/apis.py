@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import struct
 import uuid
@@ -24,6 +25,7 @@ from raftlog.fetch.schemas import (
     API_VERSIONS,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
+    DELETE_RECORDS,
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     FETCH,
@@ -53,7 +55,12 @@ from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.log import KafkaStorageError, describe_os_error
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 from raftlog.partition.replication import ReplicaManager
-from raftlog.txn.coordinator_service import PendingVerification, Verdict
+from raftlog.txn.coordinator_service import (
+    OFFSETS_TOPIC,
+    TXN_TOPIC,
+    PendingVerification,
+    Verdict,
+)
 from raftlog.txn.producer_state import BatchMetadata
 
 log = logging.getLogger(__name__)
@@ -83,6 +90,8 @@ CREATE_PARTITIONS_CAS_ATTEMPTS = 5
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 CONFIG_SOURCE_TOPIC = 1
+CONFIG_SOURCE_DYNAMIC_BROKER = 2
+CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 CONFIG_SOURCE_STATIC_BROKER = 4
 CONFIG_SOURCE_DEFAULT = 5
 ADMIN_TIMEOUT_S = 10.0
@@ -159,6 +168,7 @@ class KafkaApis:
             DELETE_TOPICS.key: self.delete_topics,
             CREATE_PARTITIONS.key: self.create_partitions,
             DESCRIBE_CONFIGS.key: self.describe_configs,
+            DELETE_RECORDS.key: self.delete_records,
             FIND_COORDINATOR.key: self.find_coordinator,
         }
         return dict(table)
@@ -400,7 +410,8 @@ class KafkaApis:
             # without a key, as Kafka's LogValidator does. Only compacted topics pay for
             # reading (and, if compressed, decompressing) the records.
             headers: list[BatchHeader] | None = None  # validated once; the append reuses them
-            if self._is_compacted(topic) and (headers := validate_batches(records)) and \
+            if is_compacted(partition.log.config.cleanup_policy) and \
+                    (headers := validate_batches(records)) and \
                     has_record_without_key(records):
                 return _record_error(result, ErrorCode.INVALID_RECORD,
                                      "Compacted topic cannot accept message without key"), None
@@ -446,12 +457,6 @@ class KafkaApis:
         return result, _AckWait(partition, info.last_offset + 1, acks, result,
                                 partition.leadership_generation)
 
-    def _is_compacted(self, topic: str) -> bool:
-        """cleanup.policy of ``topic`` (its override, else the broker default) compacts."""
-        known = self.quorum.image.topics.get(topic)
-        policy = known.configs.get("cleanup.policy") if known is not None else None
-        return is_compacted(policy or self.config.log_cleanup_policy)
-
     def _duplicate(self, partition: Partition, duplicate: BatchMetadata, acks: int,
                    result: Body) -> tuple[Body, _AckWait | None]:
         """A retried batch already in the log: answer with its original offsets, writing
@@ -482,7 +487,8 @@ class KafkaApis:
             replica_id=request.replica_id,
         )
         body, total_bytes, failed = self._read_fetch(plan, record=True)
-        if total_bytes >= plan.min_bytes or failed or request.max_wait_ms <= 0:
+        if total_bytes >= plan.min_bytes or failed or request.max_wait_ms <= 0 \
+                or (plan.from_follower and self._log_start_passed(plan)):
             return body
         _close_regions(body)
         deadline = trio.current_time() + request.max_wait_ms / 1000
@@ -494,11 +500,24 @@ class KafkaApis:
                 else:
                     await self.manager.wait_for_data(deadline)
                 body, total_bytes, failed = self._read_fetch(plan, record=False)
-                if total_bytes >= plan.min_bytes or failed or trio.current_time() >= deadline:
+                if total_bytes >= plan.min_bytes or failed or trio.current_time() >= deadline \
+                        or (plan.from_follower and self._log_start_passed(plan)):
                     return body
                 _close_regions(body)
 
         return long_poll
+
+    def _log_start_passed(self, plan: FetchPlan) -> bool:
+        """Whether a leader's log start offset moved past the one the follower reported
+        (DeleteRecords): its long poll ends at once so that it adopts the new start and the
+        DeleteRecords waiting for it can answer."""
+        for name, partitions in plan.partitions:
+            for request in partitions:
+                partition = self.manager.get(name, request.partition)
+                if partition is not None and \
+                        0 <= request.log_start_offset < partition.log.log_start_offset:
+                    return True
+        return False
 
     def _read_fetch(self, plan: FetchPlan, *, record: bool) -> tuple[Body, int, bool]:
         budget = plan.max_bytes
@@ -544,7 +563,7 @@ class KafkaApis:
         offset = request.fetch_offset
         in_range = partition_log.log_start_offset <= offset <= partition_log.log_end_offset
         if plan.from_follower and in_range and record and not self.replicas.record_follower_fetch(
-                partition, plan.replica_id, offset):
+                partition, plan.replica_id, offset, request.log_start_offset):
             result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER  # not one of its replicas
             return result, 0
         result["high_watermark"] = partition.high_watermark
@@ -581,6 +600,95 @@ class KafkaApis:
                 {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
                 for txn in partition.txns.aborted_between(offset, max_offset)]
         return result, sum(s.size_bytes for s in read.slices)
+
+    # -- DeleteRecords -------------------------------------------------------------------------
+
+    def delete_records(self, ctx: RequestContext) -> HandlerResult:
+        """Kafka's handleDeleteRecordsRequest: each partition's leader advances its log start
+        offset at once (``_delete_records_on_leader``); the answer waits, like Kafka's
+        DelayedDeleteRecords, until every live replica's log start offset (the low watermark)
+        has reached the requested offset, or ``timeout_ms`` (then REQUEST_TIMED_OUT)."""
+        request = ctx.body
+        topics: list[Body] = []
+        waiting: list[tuple[Body, Partition, int, int]] = []
+        for topic in request.topics:
+            results = []
+            for requested in topic.partitions:
+                result, pending = self._delete_records_on_leader(topic.name, requested)
+                results.append(result)
+                if pending is not None:
+                    waiting.append((result, *pending))
+            topics.append({"name": topic.name, "partitions": results})
+        body: Body = {"throttle_time_ms": 0, "topics": topics}
+        if not waiting:
+            return body
+        deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
+
+        async def wait_for_replicas() -> Body:
+            for result, partition, offset, generation in waiting:
+                await partition.wait_until(
+                    functools.partial(self._delete_settled, partition, offset, generation),
+                    deadline)
+                self._finish_delete(result, partition, offset, generation)
+            return body
+
+        return wait_for_replicas
+
+    def _delete_records_on_leader(self, topic: str, requested: Struct
+                                  ) -> tuple[Body, tuple[Partition, int, int] | None]:
+        """One partition (Kafka's deleteRecordsOnLocalLog + Partition.deleteRecordsOnLeader):
+        the result, and (partition, offset, leadership generation) when it must wait."""
+        result: Body = {"partition_index": requested.partition_index, "low_watermark": -1,
+                        "error_code": ErrorCode.NONE}
+        partition = self.manager.get(topic, requested.partition_index)
+        if topic in (OFFSETS_TOPIC, TXN_TOPIC):
+            result["error_code"] = ErrorCode.INVALID_TOPIC_EXCEPTION  # internal topics
+        elif partition is None:
+            result["error_code"] = self._missing_partition_error(topic,
+                                                                 requested.partition_index)
+        elif not partition.is_leader:
+            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+        elif not partition.log.config.deletes:
+            result["error_code"] = ErrorCode.POLICY_VIOLATION  # cleanup.policy=compact
+        else:
+            offset = partition.high_watermark if requested.offset == -1 else requested.offset
+            if not 0 <= offset <= partition.high_watermark:
+                result["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
+                return result, None
+            try:
+                if partition.advance_log_start_offset(offset):
+                    log.info("partition %s-%d: log start offset advanced to %d by "
+                             "DeleteRecords", topic, partition.index, offset)
+                    self.manager.note_role_change(partition)  # wakes follower long polls
+            except (PartitionLogError, OSError) as exc:
+                log.warning("DeleteRecords on %s-%d to %d failed: %s", topic,
+                            partition.index, offset, exc)
+                result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
+                return result, None
+            result["low_watermark"] = partition.low_watermark(self.replicas.is_eligible)
+            if result["low_watermark"] < offset:
+                return result, (partition, offset, partition.leadership_generation)
+        return result, None
+
+    def _delete_settled(self, partition: Partition, offset: int, generation: int) -> bool:
+        return partition.deleted or partition.leadership_generation != generation or \
+            partition.low_watermark(self.replicas.is_eligible) >= offset
+
+    def _finish_delete(self, result: Body, partition: Partition, offset: int,
+                       generation: int) -> None:
+        """DelayedDeleteRecords' outcome: the low watermark once it reached ``offset``,
+        else the error (leadership moved, deleted, or REQUEST_TIMED_OUT with the low
+        watermark as it was when the request arrived)."""
+        if partition.deleted:
+            result["error_code"], result["low_watermark"] = \
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
+        elif partition.leadership_generation != generation or not partition.is_leader:
+            result["error_code"], result["low_watermark"] = \
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        elif (low := partition.low_watermark(self.replicas.is_eligible)) >= offset:
+            result["error_code"], result["low_watermark"] = ErrorCode.NONE, low
+        else:
+            result["error_code"] = ErrorCode.REQUEST_TIMED_OUT
 
     # -- ListOffsets ---------------------------------------------------------------------------
 
@@ -859,8 +967,7 @@ class KafkaApis:
                 return result
             entries = self._topic_config_entries(dict(topic.configs))
         elif resource.resource_type == RESOURCE_BROKER:
-            entries = [(k, v, CONFIG_SOURCE_STATIC_BROKER)
-                       for k, v in sorted(_broker_properties(self.config).items())]
+            entries = self._broker_config_entries(resource.resource_name)
         else:
             result["error_code"] = ErrorCode.INVALID_REQUEST
             result["error_message"] = f"Unsupported resource type {resource.resource_type}"
@@ -875,7 +982,7 @@ class KafkaApis:
         return result
 
     def _topic_config_entries(self, overrides: Mapping[str, str]) -> list[tuple[str, str, int]]:
-        defaults = self.config.topic_defaults()
+        defaults = self.config.topic_defaults(self.dynamic_broker_configs())
         entries = []
         for key in sorted(TOPIC_CONFIG_KEYS):
             if key in overrides:
@@ -884,13 +991,37 @@ class KafkaApis:
                 entries.append((key, defaults[key], CONFIG_SOURCE_DEFAULT))
         return entries
 
+    def _broker_config_entries(self, name: str) -> list[tuple[str, str, int]]:
+        """Static properties overlaid by AlterConfigs' dynamic ones: this node's own
+        (DYNAMIC_BROKER_CONFIG) over the cluster default (DYNAMIC_DEFAULT_BROKER_CONFIG)."""
+        props = {k: (v, CONFIG_SOURCE_STATIC_BROKER)
+                 for k, v in _broker_properties(self.config).items()}
+        layers = [("", CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER)]
+        if name:
+            layers.append((name, CONFIG_SOURCE_DYNAMIC_BROKER))
+        for resource_name, source in layers:
+            dynamic = self.quorum.image.broker_configs.get(resource_name)
+            if dynamic is not None:
+                props.update((k, (v, source)) for k, v in dynamic.configs.items())
+        return [(k, v, source) for k, (v, source) in sorted(props.items())]
+
+    def dynamic_broker_configs(self) -> dict[str, str]:
+        """AlterConfigs' broker configs in effect here: this node's over the cluster's."""
+        merged: dict[str, str] = {}
+        for name in ("", str(self.config.node_id)):
+            resource = self.quorum.image.broker_configs.get(name)
+            if resource is not None:
+                merged.update(resource.configs)
+        return merged
+
     # -- keeping local partitions in step with metadata --------------------------------------
 
     def sync_partitions(self) -> None:
         """Brings local partitions and their roles in step with the metadata image: opens
         logs for partitions assigned to this node, makes each leader or follower, and
         deletes those no longer assigned here (see ``ReplicaManager.apply_image``)."""
-        self.replicas.apply_image(self.quorum.image, self.config.topic_defaults())
+        self.replicas.apply_image(self.quorum.image,
+                                  self.config.topic_defaults(self.dynamic_broker_configs()))
 
 
 _ID_NAME_PREFIX = "\0id:"  # never a valid topic name

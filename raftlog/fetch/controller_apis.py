@@ -11,6 +11,11 @@
   :mod:`raftlog.fetch.apis`; here they are wrapped so that a node that is not the controller
   answers NOT_CONTROLLER per topic (clients re-route using Metadata's ``controller_id``), and
   so that the controller places new topics with its own view of usable brokers.
+* AlterConfigs (33), IncrementalAlterConfigs (44): decided and committed by the controller
+  (:func:`~raftlog.metadata.controller.plan_config_change`, one AlterConfigs record per
+  resource). Clients send them to any broker, so a node that is not the controller forwards
+  the request to it (as Kafka brokers do since KIP-590) and relays the answer. A request that
+  was itself forwarded (client id of a ``ControllerChannel``) is never forwarded again.
 * Metadata (3): on a node that is not the controller, topic auto-creation is forwarded to the
   controller as a CreateTopics request (as Kafka brokers forward it), then answered locally.
 
@@ -35,6 +40,7 @@ from raftlog.fetch.codec import Struct
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import (
     ALLOCATE_PRODUCER_IDS,
+    ALTER_CONFIGS,
     ALTER_PARTITION,
     BROKER_HEARTBEAT,
     BROKER_REGISTRATION,
@@ -42,13 +48,17 @@ from raftlog.fetch.schemas import (
     CREATE_TOPICS,
     DELETE_TOPICS,
     DESCRIBE_QUORUM,
+    INCREMENTAL_ALTER_CONFIGS,
     METADATA,
 )
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
 from raftlog.metadata import errors
 from raftlog.metadata.controller import (
+    CONFIG_OP_SET,
     STALE_BROKER_EPOCH,
     AlterPartitionRequest,
+    ConfigAlteration,
+    ConfigOp,
     Heartbeat,
     Registration,
 )
@@ -101,6 +111,8 @@ class ControllerApis:
             DELETE_TOPICS.key: self.delete_topics,
             CREATE_PARTITIONS.key: self.create_partitions,
             METADATA.key: self.metadata,
+            ALTER_CONFIGS.key: self.alter_configs,
+            INCREMENTAL_ALTER_CONFIGS.key: self.incremental_alter_configs,
         }
         return dict(table)
 
@@ -278,6 +290,72 @@ class ControllerApis:
             return ctx
         return _replace_body(ctx, body)
 
+    # -- AlterConfigs, IncrementalAlterConfigs --------------------------------------------------
+
+    def alter_configs(self, ctx: RequestContext) -> HandlerResult:
+        return self._alter_configs(ctx, incremental=False)
+
+    def incremental_alter_configs(self, ctx: RequestContext) -> HandlerResult:
+        return self._alter_configs(ctx, incremental=True)
+
+    def _alter_configs(self, ctx: RequestContext, *, incremental: bool) -> HandlerResult:
+        request = ctx.body
+        if not self.quorum.controller_ready:
+            if self.forward is None or _is_forwarded(ctx):
+                return _config_responses(request.resources, errors.NOT_CONTROLLER,
+                                         NOT_CONTROLLER_MESSAGE)
+            return self._forward_alter_configs(ctx)
+        alterations = [_config_alteration(r, incremental) for r in request.resources]
+        seen = [(r.resource_type, r.resource_name) for r in request.resources]
+
+        async def alter_all() -> Body:
+            responses = []
+            for alteration in alterations:
+                key = (alteration.resource_type, alteration.resource_name)
+                message: str | None
+                if seen.count(key) > 1:  # Kafka refuses every copy of a duplicate resource
+                    code, message = errors.INVALID_REQUEST, "Duplicate resource in request."
+                else:
+                    code, message = await self._alter_one(alteration, request.validate_only)
+                responses.append({"error_code": code, "error_message": message,
+                                  "resource_type": key[0], "resource_name": key[1]})
+            return {"throttle_time_ms": 0, "responses": responses}
+
+        return alter_all
+
+    async def _alter_one(self, alteration: ConfigAlteration, validate_only: bool
+                         ) -> tuple[int, str | None]:
+        cluster = self.quorum.image.broker_configs.get("")
+        defaults = self.config.topic_defaults(None if cluster is None else cluster.configs)
+        try:
+            code, message = await self.controller.alter_configs(
+                alteration, defaults, validate_only=validate_only)
+        except ControllerUnavailableError as exc:
+            return exc.error_code, str(exc)
+        if code != errors.NONE:
+            log.info("%s of %r refused: %s", "IncrementalAlterConfigs" if alteration.incremental
+                     else "AlterConfigs", alteration.resource_name, message)
+        return code, message
+
+    def _forward_alter_configs(self, ctx: RequestContext) -> HandlerResult:
+        assert self.forward is not None
+        forward = self.forward
+        request = ctx.body
+
+        async def forward_to_controller() -> Body:
+            try:
+                response = await forward(
+                    ctx.api, request.to_dict(), version=ctx.header.api_version,
+                    timeout_s=FORWARD_TIMEOUT_S, is_not_controller=_any_config_not_controller)
+            except Exception as exc:  # unreachable controller: retriable for the client
+                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
+                return _config_responses(request.resources, errors.REQUEST_TIMED_OUT,
+                                         f"The controller could not be reached: {exc}")
+            body: Body = response.to_dict()
+            return body
+
+        return forward_to_controller
+
     # -- Metadata: forward auto-creation to the controller ---------------------------------
 
     def metadata(self, ctx: RequestContext) -> HandlerResult:
@@ -392,6 +470,33 @@ def _top_level_alter_error(results: dict[str, list[Body]]) -> int | None:
 def _not_controller_results(names: Sequence[str]) -> list[Body]:
     return [{"name": name, "error_code": errors.NOT_CONTROLLER,
              "error_message": NOT_CONTROLLER_MESSAGE} for name in names]
+
+
+def _is_forwarded(ctx: RequestContext) -> bool:
+    """Whether ``ctx`` came from a ``ControllerChannel`` (another node's, or this node's own
+    in-process call): answering NOT_CONTROLLER makes that channel try the next candidate,
+    where forwarding again could bounce the request between nodes."""
+    client_id = ctx.header.client_id or ""
+    return client_id == "in-process" or client_id.startswith("raftlog-broker-")
+
+
+def _config_alteration(resource: Struct, incremental: bool) -> ConfigAlteration:
+    ops = tuple(
+        ConfigOp(c.name, c.config_operation if incremental else CONFIG_OP_SET, c.value)
+        for c in resource.configs
+    )
+    return ConfigAlteration(resource.resource_type, resource.resource_name, ops, incremental)
+
+
+def _config_responses(resources: Sequence[Struct], code: int, message: str | None) -> Body:
+    responses = [{"error_code": code, "error_message": message,
+                  "resource_type": r.resource_type, "resource_name": r.resource_name}
+                 for r in resources]
+    return {"throttle_time_ms": 0, "responses": responses}
+
+
+def _any_config_not_controller(response: Struct) -> bool:
+    return any(r.error_code == errors.NOT_CONTROLLER for r in response.responses)
 
 
 def _any_topic_not_controller(response: Struct) -> bool:

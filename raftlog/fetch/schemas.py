@@ -657,6 +657,106 @@ DESCRIBE_QUORUM = Api(
     ],
 )
 
+# AlterConfigs (33) and IncrementalAlterConfigs (44): same shape; the incremental one names an
+# operation per key (SET 0, DELETE 1, APPEND 2, SUBTRACT 3). Served by raftlog.fetch.controller_apis
+# (forwarded to the controller from any node). IncrementalAlterConfigs v1 is its flexible version.
+_ALTER_CONFIGS_RESPONSE = [
+    F("throttle_time_ms", "int32"),
+    F(
+        "responses",
+        [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+        ],
+    ),
+]
+
+ALTER_CONFIGS = Api(
+    key=33,
+    name="AlterConfigs",
+    min_version=0,
+    max_version=2,
+    flexible="2+",
+    request=[
+        F(
+            "resources",
+            [
+                F("resource_type", "int8"),
+                F("resource_name", "string"),
+                F("configs", [F("name", "string"), F("value", "string", nullable="0+")]),
+            ],
+        ),
+        F("validate_only", "bool"),
+    ],
+    response=list(_ALTER_CONFIGS_RESPONSE),
+)
+
+INCREMENTAL_ALTER_CONFIGS = Api(
+    key=44,
+    name="IncrementalAlterConfigs",
+    min_version=0,
+    max_version=1,
+    flexible="1+",
+    request=[
+        F(
+            "resources",
+            [
+                F("resource_type", "int8"),
+                F("resource_name", "string"),
+                F(
+                    "configs",
+                    [
+                        F("name", "string"),
+                        F("config_operation", "int8"),
+                        F("value", "string", nullable="0+"),
+                    ],
+                ),
+            ],
+        ),
+        F("validate_only", "bool"),
+    ],
+    response=list(_ALTER_CONFIGS_RESPONSE),
+)
+
+# DeleteRecords (21): advance partitions' log start offsets (kafka-delete-records.sh,
+# AdminClient.delete_records). Served by the partition leader (KafkaApis.delete_records).
+DELETE_RECORDS = Api(
+    key=21,
+    name="DeleteRecords",
+    min_version=0,
+    max_version=2,
+    flexible="2+",
+    request=[
+        F(
+            "topics",
+            [
+                F("name", "string"),
+                F("partitions", [F("partition_index", "int32"), F("offset", "int64")]),
+            ],
+        ),
+        F("timeout_ms", "int32"),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F(
+            "topics",
+            [
+                F("name", "string"),
+                F(
+                    "partitions",
+                    [
+                        F("partition_index", "int32"),
+                        F("low_watermark", "int64"),
+                        F("error_code", "int16"),
+                    ],
+                ),
+            ],
+        ),
+    ],
+)
+
 ALL_APIS: tuple[Api, ...] = (
     PRODUCE,
     FETCH,
@@ -675,6 +775,9 @@ ALL_APIS: tuple[Api, ...] = (
     ALTER_PARTITION,
     ALLOCATE_PRODUCER_IDS,
     DESCRIBE_QUORUM,
+    ALTER_CONFIGS,
+    INCREMENTAL_ALTER_CONFIGS,
+    DELETE_RECORDS,
 )
 
 APIS_BY_KEY: dict[int, Api] = {api.key: api for api in ALL_APIS}

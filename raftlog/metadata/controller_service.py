@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -29,12 +29,14 @@ from raftlog.config import ServerConfig
 from raftlog.metadata import errors
 from raftlog.metadata.controller import (
     AlterPartitionRequest,
+    ConfigAlteration,
     ControllerCore,
     ControllerSettings,
     Heartbeat,
     HeartbeatReply,
     Proposal,
     Registration,
+    plan_config_change,
 )
 from raftlog.metadata.errors import wire_error_code
 from raftlog.metadata.image import PartitionImage
@@ -56,6 +58,9 @@ LEADERSHIP_POLL_S: Final = 0.05
 TICK_INTERVAL_MS_MIN: Final = 50
 TICK_INTERVAL_MS_MAX: Final = 500
 ALLOCATION_ATTEMPTS: Final = 3
+# An AlterConfigs re-planned after losing a compare-and-set race (e.g. to a leader election,
+# which also moves the topic's version) at most this often.
+CONFIG_CAS_ATTEMPTS: Final = 5
 
 
 class ControllerUnavailableError(Exception):
@@ -329,6 +334,37 @@ class ControllerService:
             if result.error_code != errors.STALE_METADATA_VERSION:
                 raise ControllerUnavailableError(wire_error_code(result.error_code), message)
         raise ControllerUnavailableError(errors.REQUEST_TIMED_OUT, f"lost races: {message}")
+
+    async def alter_configs(
+        self, request: ConfigAlteration, defaults: Mapping[str, str], *, validate_only: bool
+    ) -> tuple[int, str | None]:
+        """One resource of AlterConfigs / IncrementalAlterConfigs: (Kafka error code, message).
+
+        Planned by :func:`plan_config_change` on the current image and committed as one
+        AlterConfigs record under compare-and-set on the resource's version; a lost race is
+        re-planned on the newer image. ``validate_only`` plans and proposes nothing.
+
+        Raises:
+            ControllerUnavailableError: not the controller, or the quorum did not commit.
+        """
+        term = self._require()
+        message = "no attempt"
+        for _ in range(CONFIG_CAS_ATTEMPTS):
+            decision = plan_config_change(self._quorum.image, request, defaults)
+            if not decision.ok:
+                return decision.error_code, decision.message
+            if validate_only or not decision.proposals:
+                return errors.NONE, None
+            (proposal,) = decision.proposals
+            result = await self._propose(term, proposal)
+            if result.ok:
+                log.info("configs of resource %d %r changed: %s", request.resource_type,
+                         request.resource_name, proposal.record)
+                return errors.NONE, None
+            message = result.message or errors.error_name(result.error_code)
+            if result.error_code != errors.STALE_METADATA_VERSION:
+                return wire_error_code(result.error_code), message
+        return errors.REQUEST_TIMED_OUT, f"The resource kept changing ({message}); retry."
 
     def place_replicas(
         self, topic: str, num_partitions: int, replication_factor: int

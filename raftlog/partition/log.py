@@ -902,6 +902,41 @@ class PartitionLog:
             count += 1
         return count
 
+    def advance_log_start_offset(self, offset: int) -> bool:
+        """Move log_start_offset up to ``offset`` (DeleteRecords on the leader, the leader's
+        log start on a follower: Kafka's maybeIncrementLogStartOffset). Never moves it back;
+        False when ``offset`` is not above it. Raises OffsetOutOfRangeError past the log end
+        (the caller bounds it by the high watermark).
+
+        Blocking and crash-safe: the ``log-start-offset`` checkpoint is written first
+        (temp file, fsync, rename, directory fsync), then whole sealed segments below
+        ``offset`` are deleted; a crash in between leaves segments below the checkpointed
+        start, which the next open hides and retention deletes. The segment that contains
+        ``offset`` stays; reads below ``offset`` raise OffsetOutOfRangeError."""
+        assert not self._closed
+        if offset <= self._log_start_offset:
+            return False
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"log start offset {offset} is past the log end offset {self.log_end_offset}")
+        self._log_start_offset = offset
+        self._write_checkpoint()
+        self.epoch_cache.truncate_from_start(offset)
+        count = 0
+        for segment in self._segments[:-1]:
+            if segment.next_offset > offset:
+                break
+            count += 1
+        if count:
+            for segment in self._segments[:count]:
+                logger.info("%s: deleting segment %d below the log start offset %d",
+                            self.directory, segment.base_offset, offset)
+                segment.delete()
+            del self._segments[:count]
+            fsync_directory(self.directory)
+        self._check_invariants()
+        return True
+
     def _write_checkpoint(self) -> None:
         data = f"{_CHECKPOINT_VERSION}\n{self._log_start_offset}\n".encode()
         write_atomically(self.directory / LOG_START_OFFSET_CHECKPOINT, data)

@@ -140,8 +140,29 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """min(HW, first offset of the oldest open transaction): read_committed stops here."""
-        return self.txns.last_stable_offset(self.high_watermark)
+        """min(HW, first offset of the oldest open transaction): read_committed stops here.
+        Never below the log start offset (Kafka's maybeIncrementFirstUnstableOffset): an
+        open transaction that began below a DeleteRecords offset must not stall readers."""
+        stable = self.txns.last_stable_offset(self.high_watermark)
+        return max(stable, min(self.log.log_start_offset, self.high_watermark))
+
+    def advance_log_start_offset(self, offset: int) -> bool:
+        """Move the log start up to ``offset`` (DeleteRecords on a leader, the leader's start
+        on a follower): checkpointed durably, whole segments below it deleted, their aborted
+        transactions forgotten. Producer state is kept (as Kafka's). Blocking (fsyncs);
+        raises OffsetOutOfRangeError past the log end, OSError from the disk."""
+        if not self.log.advance_log_start_offset(offset):
+            return False
+        self.txns.drop_segments_below(self.log.segment_base_offsets)
+        self.notify_changed()
+        return True
+
+    def low_watermark(self, is_alive: Callable[[int], bool]) -> int:
+        """DeleteRecords' low watermark on a leader: the minimum log start offset of this
+        replica and of every follower on a live broker (``LeaderState.low_watermark``)."""
+        if self.leader_state is None:
+            return self.log.log_start_offset
+        return self.leader_state.low_watermark(self.log.log_start_offset, is_alive)
 
     def load_txn_index(self, *, on_open: bool = False) -> None:
         """Rebuild the transaction index from the log (open, truncation) and keep it fed by
@@ -325,10 +346,19 @@ class PartitionManager:
         log.info("partition %s-%d deleted", topic, index)
 
     def update_configs(self, topic: str, configs: Mapping[str, str]) -> None:
+        """Apply ``topic``'s effective configs (its overrides over the broker defaults) to its
+        local partitions, live: every reader of ``log.config`` (roll, retention, flush,
+        append validation, the cleaner) and min.insync.replicas see them from now on."""
+        new_config: LogConfig | None = None
         for (name, _), partition in self.partitions.items():
-            if name == topic:
-                partition.log.config = log_config_for(configs)
-                _apply_replication_configs(partition, configs)
+            if name != topic:
+                continue
+            new_config = new_config or log_config_for(configs)
+            if partition.log.config != new_config:
+                log.info("partition %s-%d: log config changed to %s", topic, partition.index,
+                         new_config)
+                partition.log.config = new_config
+            _apply_replication_configs(partition, configs)
 
     def purge_leftover_deletions(self) -> None:
         for doomed in self.data_dir.glob("*-delete"):

@@ -33,6 +33,9 @@ class FollowerState:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
     last_fetch_leader_end_offset: int = 0
+    # Its log start offset, from the ``log_start_offset`` of its Fetch requests (v5+):
+    # DeleteRecords answers once every live replica's has reached the requested offset.
+    log_start_offset: int = UNKNOWN_OFFSET
 
     def is_caught_up(self, leader_end_offset: int, now_ms: int, lag_time_max_ms: int) -> bool:
         """Kafka's ``ReplicaState.isCaughtUp``."""
@@ -120,13 +123,17 @@ class LeaderState:
     # --- follower fetches ------------------------------------------------------------------
 
     def record_fetch(
-        self, replica: int, fetch_offset: int, leader_end_offset: int, now_ms: int
+        self, replica: int, fetch_offset: int, leader_end_offset: int, now_ms: int,
+        log_start_offset: int = UNKNOWN_OFFSET,
     ) -> bool:
         """A follower fetched from ``fetch_offset`` while the leader's log ended at
-        ``leader_end_offset``. False for a replica that is not assigned."""
+        ``leader_end_offset``, reporting its own ``log_start_offset`` (-1: not reported).
+        False for a replica that is not assigned."""
         state = self.followers.get(replica)
         if state is None:
             return False
+        if log_start_offset >= 0:
+            state.log_start_offset = log_start_offset
         if fetch_offset >= leader_end_offset:
             state.last_caught_up_ms = max(state.last_caught_up_ms, now_ms)
         elif fetch_offset >= state.last_fetch_leader_end_offset:
@@ -136,6 +143,18 @@ class LeaderState:
             leader_end_offset, state.last_fetch_leader_end_offset)
         state.last_fetch_ms = now_ms
         return True
+
+    # --- the low watermark (DeleteRecords) ---------------------------------------------------
+
+    def low_watermark(self, local_start_offset: int, is_alive: Callable[[int], bool]) -> int:
+        """Kafka's ``Partition.lowWatermarkIfLeader``: the minimum log start offset of the
+        leader and of every assigned follower on a live (registered, unfenced) broker, in or
+        out of the ISR; -1 while such a follower has not reported one in this epoch."""
+        low = local_start_offset
+        for replica, state in self.followers.items():
+            if is_alive(replica):
+                low = min(low, state.log_start_offset)
+        return low
 
     # --- the high watermark ----------------------------------------------------------------
 

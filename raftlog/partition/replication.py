@@ -386,16 +386,23 @@ class ReplicaManager:
     # --- the leader side of follower fetches -----------------------------------------------
 
     def record_follower_fetch(self, partition: Partition, replica_id: int,
-                              fetch_offset: int) -> bool:
-        """A follower fetched from ``fetch_offset`` (the leader checked leadership, epoch and
-        range). Updates its position, maybe the HW, maybe asks to expand the ISR. False when
-        ``replica_id`` is not one of the partition's replicas."""
+                              fetch_offset: int, log_start_offset: int = -1) -> bool:
+        """A follower fetched from ``fetch_offset`` reporting its ``log_start_offset`` (the
+        leader checked leadership, epoch and range). Updates its position, maybe the HW,
+        maybe asks to expand the ISR; wakes DeleteRecords waiting for the low watermark when
+        its log start moved. False when ``replica_id`` is not one of the partition's
+        replicas."""
         state = partition.leader_state
         if state is None:
             return False
         now = now_ms()
-        if not state.record_fetch(replica_id, fetch_offset, partition.log.log_end_offset, now):
+        follower = state.followers.get(replica_id)
+        start_before = None if follower is None else follower.log_start_offset
+        if not state.record_fetch(replica_id, fetch_offset, partition.log.log_end_offset, now,
+                                  log_start_offset):
             return False
+        if follower is not None and follower.log_start_offset != start_before:
+            partition.notify_changed()
         self.manager.update_high_watermark(partition)
         if replica_id not in state.isr:
             self.maybe_change_isr(partition, now)
@@ -744,7 +751,7 @@ class LeaderFetcher:
                 self._back_off(assignment, response.error_code, "Fetch")
             return
         sent = {a.key: a for a in ready}
-        appended: list[tuple[FollowerAssignment, int, int]] = []
+        appended: list[tuple[FollowerAssignment, int, int, int]] = []
         out_of_range: list[FollowerAssignment] = []
         for topic in response.responses:
             for result in topic.partitions:
@@ -757,7 +764,7 @@ class LeaderFetcher:
                     self._back_off(answered, result.error_code, "Fetch")
                 elif self._append(answered, result.records):
                     appended.append((answered, answered.partition.log.log_end_offset,
-                                     result.high_watermark))
+                                     result.high_watermark, result.log_start_offset))
         await self._sync_and_advance(appended)
         for assignment in out_of_range:
             if self._current(assignment):
@@ -787,12 +794,13 @@ class LeaderFetcher:
         self.manager.note_append(partition)
         return True
 
-    async def _sync_and_advance(self, appended: list[tuple[FollowerAssignment, int, int]]
-                                ) -> None:
+    async def _sync_and_advance(
+            self, appended: list[tuple[FollowerAssignment, int, int, int]]) -> None:
         """fsync what was appended (one group-commit round covers all of them), then set
-        each HW to min(leader HW, own end): only then may the next fetch report the end."""
+        each HW to min(leader HW, own end): only then may the next fetch report the end.
+        Then follow the leader's log start offset (DeleteRecords, retention)."""
         timeout_s = self.settings.socket_timeout_ms / 1000
-        for assignment, end_offset, leader_high_watermark in appended:
+        for assignment, end_offset, leader_high_watermark, leader_start in appended:
             partition = assignment.partition
             if partition.durable_acks:
                 while not await partition.wait_flushed(end_offset,
@@ -803,6 +811,26 @@ class LeaderFetcher:
                                 partition.topic, partition.index, end_offset)
             if self._current(assignment):
                 self.manager.set_follower_high_watermark(partition, leader_high_watermark)
+                self._follow_log_start(assignment, leader_start)
+
+    def _follow_log_start(self, assignment: FollowerAssignment, leader_start: int) -> None:
+        """Kafka's ReplicaFetcherThread ``maybeIncrementLogStartOffset``: advance to the
+        leader's log start, capped at our HW (UnifiedLog refuses a start past it), so the
+        next Fetch reports it and the leader's DeleteRecords can complete. A failure backs
+        the partition off (the leader answers a follower whose reported start is behind at
+        once, so retrying without a pause would spin)."""
+        partition = assignment.partition
+        target = min(leader_start, partition.high_watermark)
+        if target <= partition.log.log_start_offset:
+            return
+        try:
+            if partition.advance_log_start_offset(target):
+                log.info("partition %s-%d: log start offset advanced to %d (the leader's)",
+                         partition.topic, partition.index, target)
+        except (PartitionLogError, OSError) as exc:  # retried after the backoff
+            log.warning("partition %s-%d: cannot advance the log start offset to %d: %s",
+                        partition.topic, partition.index, target, exc)
+            assignment.delayed_until = trio.current_time() + self.settings.fetch_backoff_ms / 1000
 
     async def _handle_out_of_range(self, connection: KafkaConnection,
                                    assignment: FollowerAssignment) -> None:
