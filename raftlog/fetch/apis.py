@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import trio
 
-from raftlog.config import TOPIC_CONFIG_KEYS, ServerConfig
+from raftlog.config import BROKER_TO_TOPIC_CONFIG, TOPIC_CONFIG_KEYS, ServerConfig
 from raftlog.fetch.codec import Struct
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import (
@@ -983,13 +983,26 @@ class KafkaApis:
 
     def _topic_config_entries(self, overrides: Mapping[str, str]) -> list[tuple[str, str, int]]:
         defaults = self.config.topic_defaults(self.dynamic_broker_configs())
+        inherited = self._dynamic_topic_default_sources()
         entries = []
         for key in sorted(TOPIC_CONFIG_KEYS):
             if key in overrides:
                 entries.append((key, overrides[key], CONFIG_SOURCE_TOPIC))
             elif key in defaults:
-                entries.append((key, defaults[key], CONFIG_SOURCE_DEFAULT))
+                entries.append((key, defaults[key], inherited.get(key, CONFIG_SOURCE_DEFAULT)))
         return entries
+
+    def _dynamic_topic_default_sources(self) -> dict[str, int]:
+        """Topic configs whose default comes from a dynamic broker config, with Kafka's source
+        for it: this node's own (DYNAMIC_BROKER_CONFIG) wins over the cluster-wide one."""
+        sources: dict[str, int] = {}
+        for name, source in (("", CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER),
+                             (str(self.config.node_id), CONFIG_SOURCE_DYNAMIC_BROKER)):
+            resource = self.quorum.image.broker_configs.get(name)
+            for key in resource.configs if resource is not None else ():
+                if key in BROKER_TO_TOPIC_CONFIG:
+                    sources[BROKER_TO_TOPIC_CONFIG[key]] = source
+        return sources
 
     def _broker_config_entries(self, name: str) -> list[tuple[str, str, int]]:
         """Static properties overlaid by AlterConfigs' dynamic ones: this node's own

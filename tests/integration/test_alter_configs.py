@@ -213,7 +213,7 @@ def test_dynamic_broker_config_changes_topic_defaults(node: BrokerProcess) -> No
         entry = admin.describe_configs([broker])[broker].result(timeout=TIMEOUT_S)[
             "log.retention.ms"]
         assert (entry.value, int(entry.source)) == ("4321000", 2)  # DYNAMIC_BROKER_CONFIG
-        assert _value_source(node.bootstrap, topic, "retention.ms")[0] == "4321000"
+        assert _value_source(node.bootstrap, topic, "retention.ms") == ("4321000", 2)
     finally:
         alter(AlterConfigOpType.DELETE, "log.retention.ms", None)
     assert _value_source(node.bootstrap, topic, "retention.ms") == ("604800000", DEFAULT_CONFIG)
