@@ -1,7 +1,8 @@
 """The broker side of KRaft's broker-to-controller protocol: registration, heartbeats, shutdown.
 
 ``ControllerChannel`` sends one internal request (BrokerRegistration, BrokerHeartbeat,
-AlterPartition, AllocateProducerIds, a forwarded CreateTopics) to whichever node is the
+AlterPartition, AllocateProducerIds, CreateTopics, or an Envelope carrying a client's
+forwarded admin request, see :mod:`raftlog.fetch.envelope`) to whichever node is the
 controller *now*: the Raft leader this node believes in (``quorum.leader_node_id``), else the
 image's ``controller_node_id``, reached over that node's Kafka listener as registered in the
 image. When that node is this node, the request is handled in-process (encoded and decoded
@@ -104,12 +105,12 @@ class ControllerChannel:
         quorum: Quorum,
         *,
         local_handlers: Mapping[int, Handler] | None = None,
-        client_id: str | None = None,
     ) -> None:
         self.node_id = node_id
         self._quorum = quorum
         self._local_handlers = local_handlers
-        self._client_id = client_id or f"raftlog-broker-{node_id}"
+        # Only for the peer's logs: a forwarded request is recognised by its Envelope.
+        self._client_id = f"raftlog-broker-{node_id}"
         self._connections: dict[int, tuple[tuple[str, int], KafkaConnection]] = {}
         self._connect_locks: dict[int, trio.Lock] = {}
 

@@ -27,6 +27,10 @@ LONG_MIN: Final = -(2**63)
 LONG_MAX: Final = 2**63 - 1
 MS_PER_MINUTE: Final = 60_000
 MS_PER_HOUR: Final = 3_600_000
+# log.retention.check.interval.ms: how often retention (and the producer-state snapshot) runs.
+# Why 30 s and not Kafka's 300000: raftlog always ran it every 30 s, and a laptop deployment
+# with a short retention.ms should see old segments go while someone is still watching.
+LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT: Final = 30_000
 
 
 class ConfigError(ValueError):
@@ -404,10 +408,7 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "log.cleaner.delete.retention.ms": "86400000",
     "log.cleaner.min.cleanable.ratio": "0.5",
     "log.cleaner.min.compaction.lag.ms": "0",
-    # How often retention (and the producer-state snapshot) runs. Why 30 s and not Kafka's
-    # 300000: raftlog always ran it every 30 s, and a laptop deployment with a short
-    # retention.ms should see old segments go while someone is still watching.
-    "log.retention.check.interval.ms": "30000",
+    "log.retention.check.interval.ms": str(LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT),
     "log.message.timestamp.type": "CreateTime",
     "compression.type": "producer",
     "min.insync.replicas": "1",
@@ -528,7 +529,7 @@ class ServerConfig:
     log_cleaner_delete_retention_ms: int = 86400000
     log_cleaner_min_cleanable_ratio: str = "0.5"  # kept as text: it is only a topic default
     log_cleaner_min_compaction_lag_ms: int = 0
-    log_retention_check_interval_ms: int = 30000
+    log_retention_check_interval_ms: int = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:

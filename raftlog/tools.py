@@ -25,6 +25,7 @@ from raftlog.fetch.schemas import (
     METADATA,
     PRODUCE,
 )
+from raftlog.metadata.controller import CONFIG_OP_DELETE, CONFIG_OP_SET, CONFIG_RESOURCE_TOPIC
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     Record,
@@ -170,7 +171,8 @@ async def _describe_topic(cluster: Cluster, topic: str) -> int:
         print(f"Error: topic {topic}: {ErrorCode(described.error_code).name}", file=sys.stderr)
         return 1
     configs = await cluster.bootstrap.request(DESCRIBE_CONFIGS, {"resources": [
-        {"resource_type": 2, "resource_name": topic, "configuration_keys": None}]})
+        {"resource_type": CONFIG_RESOURCE_TOPIC, "resource_name": topic,
+         "configuration_keys": None}]})
     overrides = [f"{c.name}={c.value}" for c in configs.results[0].configs
                  if c.config_source == 1]
     print(f"Topic: {topic}\tPartitionCount: {len(described.partitions)}\t"
@@ -181,10 +183,6 @@ async def _describe_topic(cluster: Cluster, topic: str) -> int:
               f"LeaderEpoch: {p.leader_epoch}\tReplicas: {','.join(map(str, p.replica_nodes))}"
               f"\tIsr: {','.join(map(str, p.isr_nodes))}")
     return 0
-
-
-CONFIG_OP_SET = 0
-CONFIG_OP_DELETE = 1
 
 
 def parse_add_config(texts: Sequence[str]) -> dict[str, str]:
@@ -229,7 +227,8 @@ async def alter_topic_configs(bootstrap: str, topic: str, add: Mapping[str, str]
     connection = await connect_any(bootstrap)
     try:
         response = await connection.request(INCREMENTAL_ALTER_CONFIGS, {
-            "resources": [{"resource_type": 2, "resource_name": topic, "configs": configs}],
+            "resources": [{"resource_type": CONFIG_RESOURCE_TOPIC, "resource_name": topic,
+                           "configs": configs}],
             "validate_only": False})
     finally:
         await connection.aclose()

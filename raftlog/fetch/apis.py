@@ -487,8 +487,7 @@ class KafkaApis:
             replica_id=request.replica_id,
         )
         body, total_bytes, failed = self._read_fetch(plan, record=True)
-        if total_bytes >= plan.min_bytes or failed or request.max_wait_ms <= 0 \
-                or (plan.from_follower and self._log_start_passed(plan)):
+        if request.max_wait_ms <= 0 or self._fetch_complete(plan, total_bytes, failed):
             return body
         _close_regions(body)
         deadline = trio.current_time() + request.max_wait_ms / 1000
@@ -500,22 +499,29 @@ class KafkaApis:
                 else:
                     await self.manager.wait_for_data(deadline)
                 body, total_bytes, failed = self._read_fetch(plan, record=False)
-                if total_bytes >= plan.min_bytes or failed or trio.current_time() >= deadline \
-                        or (plan.from_follower and self._log_start_passed(plan)):
+                if trio.current_time() >= deadline or \
+                        self._fetch_complete(plan, total_bytes, failed):
                     return body
                 _close_regions(body)
 
         return long_poll
 
+    def _fetch_complete(self, plan: FetchPlan, total_bytes: int, failed: bool) -> bool:
+        """Whether a Fetch answers now rather than (keep) waiting, deadline aside: min_bytes
+        reached, a partition failed, or a follower has a log start to adopt."""
+        return total_bytes >= plan.min_bytes or failed or \
+            (plan.from_follower and self._log_start_passed(plan))
+
     def _log_start_passed(self, plan: FetchPlan) -> bool:
-        """Whether a leader's log start offset moved past the one the follower reported
-        (DeleteRecords): its long poll ends at once so that it adopts the new start and the
-        DeleteRecords waiting for it can answer."""
+        """Whether a follower can move its log start past the one it reported (the leader's
+        moved: DeleteRecords, retention): its long poll ends at once so that it adopts the
+        new start and the DeleteRecords waiting for it can answer."""
         for name, partitions in plan.partitions:
             for request in partitions:
                 partition = self.manager.get(name, request.partition)
-                if partition is not None and \
-                        0 <= request.log_start_offset < partition.log.log_start_offset:
+                if partition is not None and follower_can_advance_start(
+                        request.log_start_offset, request.fetch_offset,
+                        partition.log.log_start_offset, partition.high_watermark):
                     return True
         return False
 
@@ -605,26 +611,33 @@ class KafkaApis:
 
     def delete_records(self, ctx: RequestContext) -> HandlerResult:
         """Kafka's handleDeleteRecordsRequest: each partition's leader advances its log start
-        offset at once (``_delete_records_on_leader``); the answer waits, like Kafka's
-        DelayedDeleteRecords, until every live replica's log start offset (the low watermark)
-        has reached the requested offset, or ``timeout_ms`` (then REQUEST_TIMED_OUT)."""
+        offset (``_advance_log_start``: the file work in a worker thread); the answer waits,
+        like Kafka's DelayedDeleteRecords, until every live replica's log start offset (the
+        low watermark) has reached the requested offset, or ``timeout_ms`` (then
+        REQUEST_TIMED_OUT)."""
         request = ctx.body
         topics: list[Body] = []
-        waiting: list[tuple[Body, Partition, int, int]] = []
+        moves: list[tuple[Body, Partition, int, int]] = []
         for topic in request.topics:
             results = []
             for requested in topic.partitions:
-                result, pending = self._delete_records_on_leader(topic.name, requested)
+                result, move = self._check_delete(topic.name, requested)
                 results.append(result)
-                if pending is not None:
-                    waiting.append((result, *pending))
+                if move is not None:
+                    moves.append((result, *move))
             topics.append({"name": topic.name, "partitions": results})
         body: Body = {"throttle_time_ms": 0, "topics": topics}
-        if not waiting:
+        if not moves:
             return body
         deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
 
-        async def wait_for_replicas() -> Body:
+        async def move_then_wait() -> Body:
+            waiting = []
+            for result, partition, offset, generation in moves:
+                result["error_code"] = await self._advance_log_start(partition, offset)
+                if result["error_code"] == ErrorCode.NONE:
+                    result["low_watermark"] = partition.low_watermark(self.replicas.is_eligible)
+                    waiting.append((result, partition, offset, generation))
             for result, partition, offset, generation in waiting:
                 await partition.wait_until(
                     functools.partial(self._delete_settled, partition, offset, generation),
@@ -632,43 +645,43 @@ class KafkaApis:
                 self._finish_delete(result, partition, offset, generation)
             return body
 
-        return wait_for_replicas
+        return move_then_wait
 
-    def _delete_records_on_leader(self, topic: str, requested: Struct
-                                  ) -> tuple[Body, tuple[Partition, int, int] | None]:
-        """One partition (Kafka's deleteRecordsOnLocalLog + Partition.deleteRecordsOnLeader):
-        the result, and (partition, offset, leadership generation) when it must wait."""
+    def _check_delete(self, topic: str, requested: Struct
+                      ) -> tuple[Body, tuple[Partition, int, int] | None]:
+        """One partition's checks (Kafka's deleteRecordsOnLocalLog): its result, and
+        (partition, offset, leadership generation) when its log start is to move."""
         result: Body = {"partition_index": requested.partition_index, "low_watermark": -1,
                         "error_code": ErrorCode.NONE}
         partition = self.manager.get(topic, requested.partition_index)
-        if topic in (OFFSETS_TOPIC, TXN_TOPIC):
-            result["error_code"] = ErrorCode.INVALID_TOPIC_EXCEPTION  # internal topics
-        elif partition is None:
-            result["error_code"] = self._missing_partition_error(topic,
-                                                                 requested.partition_index)
-        elif not partition.is_leader:
-            result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
-        elif not partition.log.config.deletes:
-            result["error_code"] = ErrorCode.POLICY_VIOLATION  # cleanup.policy=compact
-        else:
-            offset = partition.high_watermark if requested.offset == -1 else requested.offset
-            if not 0 <= offset <= partition.high_watermark:
-                result["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
-                return result, None
-            try:
-                if partition.advance_log_start_offset(offset):
-                    log.info("partition %s-%d: log start offset advanced to %d by "
-                             "DeleteRecords", topic, partition.index, offset)
-                    self.manager.note_role_change(partition)  # wakes follower long polls
-            except (PartitionLogError, OSError) as exc:
-                log.warning("DeleteRecords on %s-%d to %d failed: %s", topic,
-                            partition.index, offset, exc)
-                result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
-                return result, None
-            result["low_watermark"] = partition.low_watermark(self.replicas.is_eligible)
-            if result["low_watermark"] < offset:
-                return result, (partition, offset, partition.leadership_generation)
-        return result, None
+        error, offset = _delete_offset(topic, partition, requested.offset)
+        if error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            error = self._missing_partition_error(topic, requested.partition_index)
+        result["error_code"] = error
+        if error != ErrorCode.NONE or partition is None:
+            return result, None
+        return result, (partition, offset, partition.leadership_generation)
+
+    async def _advance_log_start(self, partition: Partition, offset: int) -> ErrorCode:
+        """DeleteRecords' I/O step (Partition.deleteRecordsOnLeader): move the leader's log
+        start (``Partition.move_log_start_offset``: checkpoint first, in a worker thread)
+        and wake follower long polls so they adopt it. Leadership, deletion and the HW are
+        checked again once the file work is done: KAFKA_STORAGE_ERROR when the disk refuses
+        or the log is offline."""
+        try:
+            if await partition.move_log_start_offset(offset):
+                log.info("partition %s-%d: log start offset advanced to %d by DeleteRecords",
+                         partition.topic, partition.index, offset)
+                self.manager.note_role_change(partition)  # wakes follower long polls
+        except OffsetOutOfRangeError:  # the HW moved down meanwhile (no longer the leader)
+            return ErrorCode.OFFSET_OUT_OF_RANGE
+        except (PartitionLogError, OSError) as exc:
+            if partition.deleted:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            log.warning("DeleteRecords on %s-%d to %d failed: %s", partition.topic,
+                        partition.index, offset, exc)
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        return ErrorCode.NONE
 
     def _delete_settled(self, partition: Partition, offset: int, generation: int) -> bool:
         return partition.deleted or partition.leadership_generation != generation or \
@@ -967,6 +980,11 @@ class KafkaApis:
                 return result
             entries = self._topic_config_entries(dict(topic.configs))
         elif resource.resource_type == RESOURCE_BROKER:
+            refusal = self._broker_name_refusal(resource.resource_name)
+            if refusal is not None:
+                result["error_code"] = ErrorCode.INVALID_REQUEST
+                result["error_message"] = refusal
+                return result
             entries = self._broker_config_entries(resource.resource_name)
         else:
             result["error_code"] = ErrorCode.INVALID_REQUEST
@@ -1004,14 +1022,33 @@ class KafkaApis:
                     sources[BROKER_TO_TOPIC_CONFIG[key]] = source
         return sources
 
+    def _broker_name_refusal(self, name: str) -> str | None:
+        """Why a BROKER resource name is refused, as Kafka's ConfigHelper words it: a node
+        describes only itself (its id) or the cluster-wide defaults (the empty name)."""
+        if not name:
+            return None
+        try:
+            if name.strip() != name or "_" in name:  # which Java's toInt refuses too
+                raise ValueError(name)
+            broker_id = int(name)
+        except ValueError:
+            return f"Broker id must be an integer, but it is: {name}"
+        if broker_id != self.config.node_id:
+            return (f"Unexpected broker id, expected {self.config.node_id} or empty string, "
+                    f"but received {name}")
+        return None
+
     def _broker_config_entries(self, name: str) -> list[tuple[str, str, int]]:
-        """Static properties overlaid by AlterConfigs' dynamic ones: this node's own
-        (DYNAMIC_BROKER_CONFIG) over the cluster default (DYNAMIC_DEFAULT_BROKER_CONFIG)."""
-        props = {k: (v, CONFIG_SOURCE_STATIC_BROKER)
-                 for k, v in _broker_properties(self.config).items()}
+        """For this node's id: static properties overlaid by AlterConfigs' dynamic ones, this
+        node's own (DYNAMIC_BROKER_CONFIG) over the cluster default
+        (DYNAMIC_DEFAULT_BROKER_CONFIG). For the empty name: only the cluster-wide dynamic
+        defaults, as Kafka (no static properties)."""
+        props: dict[str, tuple[str, int]] = {}
         layers = [("", CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER)]
         if name:
-            layers.append((name, CONFIG_SOURCE_DYNAMIC_BROKER))
+            props = {k: (v, CONFIG_SOURCE_STATIC_BROKER)
+                     for k, v in _broker_properties(self.config).items()}
+            layers.append((str(self.config.node_id), CONFIG_SOURCE_DYNAMIC_BROKER))
         for resource_name, source in layers:
             dynamic = self.quorum.image.broker_configs.get(resource_name)
             if dynamic is not None:
@@ -1059,6 +1096,38 @@ def _broker_properties(config: ServerConfig) -> dict[str, str]:
         out[item.name.replace("_", ".")] = str(value).lower() if isinstance(value, bool) \
             else str(value)
     return out
+
+
+def follower_can_advance_start(reported_start: int, fetch_offset: int, leader_start: int,
+                               leader_high_watermark: int) -> bool:
+    """Whether a follower that reported ``reported_start`` and fetches from its log end
+    ``fetch_offset`` would move its log start on the answer. It adopts
+    min(leader start, its HW) and its HW becomes min(leader HW, its end), so what it can
+    adopt is the smallest of the three; comparing against the leader's start alone would
+    answer at once, again and again, a follower that cannot move (a hot Fetch loop)."""
+    if reported_start < 0:  # Fetch < v5 reports none
+        return False
+    return reported_start < min(leader_start, leader_high_watermark, fetch_offset)
+
+
+def _delete_offset(topic: str, partition: Partition | None, requested_offset: int
+                   ) -> tuple[ErrorCode, int]:
+    """DeleteRecords' checks for one partition (pure): the error, or NONE and the offset to
+    move the log start to (a requested -1 means the high watermark). UNKNOWN_TOPIC_OR_PARTITION
+    when it is not here (the caller tells that from NOT_LEADER_OR_FOLLOWER with the image).
+    Never above the HW: the log start must not pass it (see ``enforce_retention``)."""
+    if topic in (OFFSETS_TOPIC, TXN_TOPIC):
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, -1  # internal topics
+    if partition is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
+    if not partition.is_leader:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+    if not partition.log.config.deletes:
+        return ErrorCode.POLICY_VIOLATION, -1  # cleanup.policy=compact
+    offset = partition.high_watermark if requested_offset == -1 else requested_offset
+    if not 0 <= offset <= partition.high_watermark:
+        return ErrorCode.OFFSET_OUT_OF_RANGE, -1
+    return ErrorCode.NONE, offset
 
 
 def _last_fetchable_offset(partition: Partition, from_client: bool, isolation_level: int) -> int:

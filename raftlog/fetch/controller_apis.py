@@ -14,10 +14,16 @@
 * AlterConfigs (33), IncrementalAlterConfigs (44): decided and committed by the controller
   (:func:`~raftlog.metadata.controller.plan_config_change`, one AlterConfigs record per
   resource). Clients send them to any broker, so a node that is not the controller forwards
-  the request to it (as Kafka brokers do since KIP-590) and relays the answer. A request that
-  was itself forwarded (client id of a ``ControllerChannel``) is never forwarded again.
+  the request to it wrapped in an Envelope (KIP-590, :mod:`raftlog.fetch.envelope`) and relays
+  the inner answer.
+* Envelope (58): on the controller, the inner request goes to the same handler as a client's,
+  marked as forwarded: a forwarded request is never forwarded again (a node that lost the
+  controllership answers NOT_CONTROLLER, and the forwarding node's channel tries the next
+  candidate). Anywhere else the envelope itself is answered NOT_CONTROLLER. Only an Envelope
+  counts as forwarded; a client's client.id means nothing.
 * Metadata (3): on a node that is not the controller, topic auto-creation is forwarded to the
-  controller as a CreateTopics request (as Kafka brokers forward it), then answered locally.
+  controller as a CreateTopics request in an Envelope (as Kafka brokers forward it), then
+  answered locally.
 
 Handlers follow ``raftlog.fetch.server``'s contract: never raise for bad input, return a body or
 a coroutine function that produces one, and bound every wait.
@@ -28,15 +34,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import trio
 
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
+from raftlog.fetch import codec, envelope
 from raftlog.fetch.apis import PARTITIONS_PER_REQUEST_MAX, KafkaApis
-from raftlog.fetch.codec import Struct
+from raftlog.fetch.codec import Api, Struct
+from raftlog.fetch.envelope import EnvelopeError
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import (
     ALLOCATE_PRODUCER_IDS,
@@ -48,6 +56,7 @@ from raftlog.fetch.schemas import (
     CREATE_TOPICS,
     DELETE_TOPICS,
     DESCRIBE_QUORUM,
+    ENVELOPE,
     INCREMENTAL_ALTER_CONFIGS,
     METADATA,
 )
@@ -83,7 +92,8 @@ class ControllerApis:
 
     Args:
         forward: Sends a request to the current controller (``ControllerChannel.call``), used
-            to forward auto-creation from Metadata; None disables forwarding.
+            to forward AlterConfigs, IncrementalAlterConfigs and Metadata's auto-creation in
+            an Envelope; None disables forwarding.
     """
 
     def __init__(
@@ -113,8 +123,78 @@ class ControllerApis:
             METADATA.key: self.metadata,
             ALTER_CONFIGS.key: self.alter_configs,
             INCREMENTAL_ALTER_CONFIGS.key: self.incremental_alter_configs,
+            ENVELOPE.key: self.envelope,
         }
         return dict(table)
+
+    def _forwarded_handlers(self) -> dict[int, Callable[[RequestContext], HandlerResult]]:
+        """The handlers for requests found in an Envelope: never forwarded again."""
+        return {
+            CREATE_TOPICS.key: self.create_topics,
+            DELETE_TOPICS.key: self.delete_topics,
+            CREATE_PARTITIONS.key: self.create_partitions,
+            ALTER_CONFIGS.key: lambda ctx: self._alter_configs(
+                ctx, incremental=False, forwarded=True),
+            INCREMENTAL_ALTER_CONFIGS.key: lambda ctx: self._alter_configs(
+                ctx, incremental=True, forwarded=True),
+        }
+
+    # -- Envelope (KIP-590) --------------------------------------------------------------------
+
+    def envelope(self, ctx: RequestContext) -> HandlerResult:
+        if not self.quorum.controller_ready:
+            return envelope.refusal(errors.NOT_CONTROLLER)
+        try:
+            inner = envelope.open_request(
+                ctx.body, request_bytes_max=self.config.socket_request_max_bytes)
+        except EnvelopeError as exc:
+            log.info("refusing an Envelope from %s: %s", ctx.peer, exc)
+            return envelope.refusal(exc.error_code)
+        handler = self._forwarded_handlers().get(inner.api.key)
+        if handler is None:  # FORWARDABLE_API_KEYS names an API this table lacks
+            return envelope.refusal(errors.INVALID_REQUEST)
+        result = handler(RequestContext(inner.api, inner.header, inner.body, inner.client_host))
+
+        async def answer() -> Body:
+            body = result
+            if body is not None and not isinstance(body, dict):
+                body = await body()
+            if body is None:
+                return envelope.refusal(ErrorCode.UNKNOWN_SERVER_ERROR)
+            return envelope.seal_response(inner, body)
+
+        return answer
+
+    async def _forward_enveloped(
+        self, ctx: RequestContext, api: Api, version: int, body: Mapping[str, Any],
+        is_not_controller: Callable[[Struct], bool],
+    ) -> Struct:
+        """Send ``body`` (as the client of ``ctx`` asked) to the controller in an Envelope.
+
+        Raises:
+            EnvelopeError: refused by the controller or not forwardable.
+            ControllerUnreachableError: no controller answered in time.
+        """
+        assert self.forward is not None
+        correlation_id = ctx.header.correlation_id
+        wrapped = envelope.wrap_request(
+            api, version, body, correlation_id=correlation_id,
+            client_id=ctx.header.client_id, client_host=envelope.client_address(ctx.peer),
+            request_bytes_max=self.config.socket_request_max_bytes)
+
+        def not_controller(response: Struct) -> bool:
+            if response.error_code == errors.NOT_CONTROLLER:
+                return True
+            try:  # the controller may have lost its role after opening the envelope
+                inner = envelope.unwrap_response(api, version, correlation_id, response)
+            except EnvelopeError:
+                return False
+            return is_not_controller(inner)
+
+        response = await self.forward(
+            ENVELOPE, wrapped, version=envelope.ENVELOPE_VERSION, timeout_s=FORWARD_TIMEOUT_S,
+            is_not_controller=not_controller)
+        return envelope.unwrap_response(api, version, correlation_id, response)
 
     # -- BrokerRegistration, BrokerHeartbeat -------------------------------------------------
 
@@ -293,40 +373,43 @@ class ControllerApis:
     # -- AlterConfigs, IncrementalAlterConfigs --------------------------------------------------
 
     def alter_configs(self, ctx: RequestContext) -> HandlerResult:
-        return self._alter_configs(ctx, incremental=False)
+        return self._alter_configs(ctx, incremental=False, forwarded=False)
 
     def incremental_alter_configs(self, ctx: RequestContext) -> HandlerResult:
-        return self._alter_configs(ctx, incremental=True)
+        return self._alter_configs(ctx, incremental=True, forwarded=False)
 
-    def _alter_configs(self, ctx: RequestContext, *, incremental: bool) -> HandlerResult:
+    def _alter_configs(self, ctx: RequestContext, *, incremental: bool, forwarded: bool
+                       ) -> HandlerResult:
+        """``forwarded``: the request came in an Envelope, so it is never forwarded again."""
         request = ctx.body
         if not self.quorum.controller_ready:
-            if self.forward is None or _is_forwarded(ctx):
+            if self.forward is None or forwarded:
                 return _config_responses(request.resources, errors.NOT_CONTROLLER,
                                          NOT_CONTROLLER_MESSAGE)
             return self._forward_alter_configs(ctx)
         alterations = [_config_alteration(r, incremental) for r in request.resources]
-        seen = [(r.resource_type, r.resource_name) for r in request.resources]
+        copies = Counter((r.resource_type, r.resource_name) for r in request.resources)
 
         async def alter_all() -> Body:
+            cluster = self.quorum.image.broker_configs.get("")
+            defaults = self.config.topic_defaults(None if cluster is None else cluster.configs)
             responses = []
             for alteration in alterations:
                 key = (alteration.resource_type, alteration.resource_name)
                 message: str | None
-                if seen.count(key) > 1:  # Kafka refuses every copy of a duplicate resource
+                if copies[key] > 1:  # Kafka refuses every copy of a duplicate resource
                     code, message = errors.INVALID_REQUEST, "Duplicate resource in request."
                 else:
-                    code, message = await self._alter_one(alteration, request.validate_only)
+                    code, message = await self._alter_one(alteration, defaults,
+                                                          request.validate_only)
                 responses.append({"error_code": code, "error_message": message,
                                   "resource_type": key[0], "resource_name": key[1]})
             return {"throttle_time_ms": 0, "responses": responses}
 
         return alter_all
 
-    async def _alter_one(self, alteration: ConfigAlteration, validate_only: bool
-                         ) -> tuple[int, str | None]:
-        cluster = self.quorum.image.broker_configs.get("")
-        defaults = self.config.topic_defaults(None if cluster is None else cluster.configs)
+    async def _alter_one(self, alteration: ConfigAlteration, defaults: Mapping[str, str],
+                         validate_only: bool) -> tuple[int, str | None]:
         try:
             code, message = await self.controller.alter_configs(
                 alteration, defaults, validate_only=validate_only)
@@ -338,15 +421,16 @@ class ControllerApis:
         return code, message
 
     def _forward_alter_configs(self, ctx: RequestContext) -> HandlerResult:
-        assert self.forward is not None
-        forward = self.forward
         request = ctx.body
 
         async def forward_to_controller() -> Body:
             try:
-                response = await forward(
-                    ctx.api, request.to_dict(), version=ctx.header.api_version,
-                    timeout_s=FORWARD_TIMEOUT_S, is_not_controller=_any_config_not_controller)
+                response = await self._forward_enveloped(
+                    ctx, ctx.api, ctx.header.api_version, request.to_dict(),
+                    _any_config_not_controller)
+            except EnvelopeError as exc:
+                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
+                return _config_responses(request.resources, exc.error_code, str(exc))
             except Exception as exc:  # unreachable controller: retriable for the client
                 log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
                 return _config_responses(request.resources, errors.REQUEST_TIMED_OUT,
@@ -376,7 +460,7 @@ class ControllerApis:
             local = _replace_body(ctx, {**request.to_dict(), "allow_auto_topic_creation": False})
 
         async def forward_then_describe() -> Body:
-            await self._forward_creation(missing)
+            await self._forward_creation(ctx, missing)
             result = self.apis.metadata(local)
             if result is not None and not isinstance(result, dict):
                 result = await result()
@@ -385,8 +469,9 @@ class ControllerApis:
 
         return forward_then_describe
 
-    async def _forward_creation(self, names: Sequence[str]) -> None:
-        assert self.forward is not None
+    async def _forward_creation(self, ctx: RequestContext, names: Sequence[str]) -> None:
+        """CreateTopics for ``names`` in an Envelope carrying the Metadata client's id and
+        correlation id (as Kafka's AutoTopicCreationManager does)."""
         body = {
             "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
                         "assignments": [], "configs": []} for name in names],
@@ -394,10 +479,9 @@ class ControllerApis:
             "validate_only": False,
         }
         try:
-            response = await self.forward(
-                CREATE_TOPICS, body, version=CREATE_TOPICS_FORWARD_VERSION,
-                timeout_s=FORWARD_TIMEOUT_S, is_not_controller=_any_topic_not_controller,
-            )
+            response = await self._forward_enveloped(
+                ctx, CREATE_TOPICS, CREATE_TOPICS_FORWARD_VERSION, body,
+                _any_topic_not_controller)
         except Exception as exc:  # unreachable controller: the client retries Metadata
             log.info("forwarding auto-creation of %s to the controller failed: %s", names, exc)
             return
@@ -470,14 +554,6 @@ def _top_level_alter_error(results: dict[str, list[Body]]) -> int | None:
 def _not_controller_results(names: Sequence[str]) -> list[Body]:
     return [{"name": name, "error_code": errors.NOT_CONTROLLER,
              "error_message": NOT_CONTROLLER_MESSAGE} for name in names]
-
-
-def _is_forwarded(ctx: RequestContext) -> bool:
-    """Whether ``ctx`` came from a ``ControllerChannel`` (another node's, or this node's own
-    in-process call): answering NOT_CONTROLLER makes that channel try the next candidate,
-    where forwarding again could bounce the request between nodes."""
-    client_id = ctx.header.client_id or ""
-    return client_id == "in-process" or client_id.startswith("raftlog-broker-")
 
 
 def _config_alteration(resource: Struct, incremental: bool) -> ConfigAlteration:

@@ -617,6 +617,27 @@ ALLOCATE_PRODUCER_IDS = Api(
     ],
 )
 
+# KIP-590: a broker that is not the controller forwards an admin request (AlterConfigs,
+# IncrementalAlterConfigs, auto-creation's CreateTopics) wrapped in an Envelope; only an
+# Envelope counts as forwarded, and the controller never forwards one again.
+ENVELOPE = Api(
+    key=58,
+    name="Envelope",
+    min_version=0,
+    max_version=0,
+    flexible="0+",
+    internal=True,
+    request=[
+        F("request_data", "bytes"),  # the embedded request header and body
+        F("request_principal", "bytes", nullable="0+"),
+        F("client_host_address", "bytes"),  # the original client's IP address bytes
+    ],
+    response=[
+        F("response_data", "bytes", nullable="0+", default=None),  # header and body
+        F("error_code", "int16"),
+    ],
+)
+
 _REPLICA_STATE = [
     F("replica_id", "int32"),
     F("log_end_offset", "int64"),
@@ -774,6 +795,7 @@ ALL_APIS: tuple[Api, ...] = (
     BROKER_HEARTBEAT,
     ALTER_PARTITION,
     ALLOCATE_PRODUCER_IDS,
+    ENVELOPE,
     DESCRIBE_QUORUM,
     ALTER_CONFIGS,
     INCREMENTAL_ALTER_CONFIGS,

@@ -363,7 +363,7 @@ def _header_fields(header: BatchHeader) -> tuple[int, ...]:
 class _Reader:
     """Bounds-checked cursor over one batch's record bytes."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: Buffer) -> None:
         self.data = data
         self.position = 0
 
@@ -382,7 +382,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         if size < 0 or self.position + size > len(self.data):
             raise CorruptRecordError(f"record field of {size} bytes overruns the batch")
-        chunk = self.data[self.position : self.position + size]
+        chunk = bytes(self.data[self.position : self.position + size])
         self.position += size
         return chunk
 
@@ -437,20 +437,34 @@ def record_timestamps(header: BatchHeader, records: Buffer) -> list[tuple[int, i
     skipped. A record's timestamp is firstTimestamp + timestampDelta, except in a
     LogAppendTime batch, where every record carries the batch's maxTimestamp (the time the
     broker appended it; the deltas still hold what the producer sent).
-    Raises CorruptRecordError when the records do not fill the section exactly.
+
+    Produce never decodes records (the hot path stays header-only), so the offsetDeltas are
+    what the producer sent: they are checked here, against the header, so that no answer
+    lies outside the batch. Raises CorruptRecordError when the records do not fill the
+    section exactly, number other than the header's recordsCount, or have offsetDeltas
+    that do not strictly increase within [0, lastOffsetDelta].
     """
-    reader = _Reader(bytes(records))
+    if not 0 <= header.records_count <= header.last_offset_delta + 1:
+        raise CorruptRecordError(f"recordsCount {header.records_count} does not fit "
+                                 f"lastOffsetDelta {header.last_offset_delta}")
+    reader = _Reader(records)
     out: list[tuple[int, int]] = []
+    previous_delta = -1
     for _ in range(header.records_count):
         length = reader.varint()
         end = reader.position + length
         if length < 1 or end > len(reader.data):
             raise CorruptRecordError(f"record length {length} overruns the batch")
-        reader.take(1)  # record attributes: unused
+        reader.position += 1  # record attributes: unused
         timestamp_delta = reader.varint()
         offset_delta = reader.varint()
         if reader.position > end:
             raise CorruptRecordError(f"record length {length} does not match its fields")
+        if not previous_delta < offset_delta <= header.last_offset_delta:
+            raise CorruptRecordError(
+                f"record offsetDelta {offset_delta} after {previous_delta}: outside "
+                f"(previous, lastOffsetDelta {header.last_offset_delta}]")
+        previous_delta = offset_delta
         reader.position = end
         timestamp_ms = header.max_timestamp if header.timestamp_type \
             else header.base_timestamp + timestamp_delta

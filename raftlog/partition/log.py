@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 from bisect import bisect_right
@@ -47,7 +48,12 @@ from raftlog.partition.errors import (
     RecordTooLargeError,
     UnexpectedOffsetError,
 )
-from raftlog.partition.files import TMP_SUFFIX, fsync_directory, open_directory, write_atomically
+from raftlog.partition.files import (
+    TMP_SUFFIX,
+    fsync_directory,
+    open_directory,
+    write_all,
+)
 from raftlog.partition.index import INT32_MAX
 from raftlog.partition.segment import (
     INDEX_SUFFIX,
@@ -72,6 +78,7 @@ __all__ = [
     "LogConfig",
     "LogRead",
     "PartitionLog",
+    "delete_segments",
     "describe_os_error",
 ]
 
@@ -289,6 +296,10 @@ class PartitionLog:
         self._first_unflushed_ms: int | None = None  # append time of the oldest unticketed data
         self._generation = 0  # bumped by truncation: older flush tickets no longer apply
         self._directory_version = 1  # bumped when files are created, renamed or deleted
+        # Bumped by every synchronous write of the log-start checkpoint, so a write done in a
+        # worker thread (``store_log_start_checkpoint``) can tell whether it may have landed
+        # over a newer one (``adopt_log_start_offset``).
+        self._checkpoint_generation = 0
         self._directory_synced_version = 0
         self._closed = False
         # Why the log is offline (no appends, no fsyncs until a restart recovers it), or None.
@@ -848,7 +859,14 @@ class PartitionLog:
     def find_max_timestamp(self) -> TimestampAndOffset | None:
         """ListOffsets MAX_TIMESTAMP (-3, KIP-734): the earliest record carrying the largest
         timestamp in the log, or None for an empty log. As in Kafka, the segment is the first
-        one holding that timestamp and log_start_offset does not bound the answer."""
+        one holding that timestamp and log_start_offset does not bound the answer.
+
+        Kafka's UnifiedLog (MAX_TIMESTAMP branch) takes the segment with the largest
+        maxTimestampSoFar and that segment's offsetOfMaxTimestamp without consulting
+        logStartOffset; so after DeleteRecords moved the start into that segment, the answer
+        may be an offset below log_start_offset, which a Fetch then refuses with
+        OFFSET_OUT_OF_RANGE. Kept for compatibility (test_list_offsets_timestamp.py,
+        test_max_timestamp_is_not_bounded_by_the_log_start)."""
         segment = max(self._segments, key=lambda candidate: candidate.max_timestamp_ms)
         return segment.find_max_timestamp()
 
@@ -865,34 +883,47 @@ class PartitionLog:
 
     # --- retention and truncation ----------------------------------------------------------
 
-    def enforce_retention(self, now_ms: int) -> int:
+    def enforce_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
         """Delete the oldest sealed segments that are past ``retention_ms`` (by their largest
         timestamp), beyond ``retention_bytes``, or below log_start_offset; never the active
-        one. Advances and checkpoints log_start_offset. Returns the segments deleted.
+        one, and never one holding an offset at or above ``high_watermark`` (Kafka's
+        deletableSegments: ``upperBoundOffset = min(activeSegment.baseOffset, highWatermark)``),
+        so the log start never passes the HW: data no other replica may have yet stays.
+        ``None`` means no bound (a standalone log in tests). Advances and checkpoints
+        log_start_offset. Returns the segments deleted (0 while the log is offline).
 
         As in Kafka, size retention deletes a segment only if the log stays at least
         ``retention_bytes`` big without it.
+
+        Crash-safe in the same order as ``advance_log_start_offset``: the new start is
+        checkpointed before memory moves and before any segment is unlinked.
         """
-        count = self._deletable_segment_count(now_ms)
+        assert not self._closed
+        if self._offline_reason is not None:
+            return 0
+        count = self._deletable_segment_count(now_ms, high_watermark)
         if count == 0:
             return 0
-        for segment in self._segments[:count]:
+        new_start = max(self._log_start_offset, self._segments[count].base_offset)
+        if new_start > self._log_start_offset:
+            self._write_checkpoint(new_start)  # raises having changed nothing
+            self._log_start_offset = new_start
+            self.epoch_cache.truncate_from_start(new_start)
+        for segment in self._detach_leading_segments(count):
             logger.info("%s: deleting segment %d by retention", self.directory, segment.base_offset)
-            segment.delete()
-        del self._segments[:count]
-        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-        self._write_checkpoint()  # also fsyncs the directory, making the unlinks durable
-        self.epoch_cache.truncate_from_start(self._log_start_offset)
+            _delete_segment(segment)
         self._check_invariants()
         return count
 
-    def _deletable_segment_count(self, now_ms: int) -> int:
+    def _deletable_segment_count(self, now_ms: int, high_watermark: int | None) -> int:
         # cleanup.policy=compact alone keeps every segment (the cleaner shrinks them instead).
         retention_ms = self.config.retention_ms if self.config.deletes else -1
         retention_bytes = self.config.retention_bytes if self.config.deletes else -1
         excess_bytes = self.size_bytes - retention_bytes
         count = 0
         for segment in self._segments[:-1]:
+            if high_watermark is not None and segment.next_offset > high_watermark:
+                break  # holds offsets the HW has not passed: followers may still need them
             below_start = segment.next_offset <= self._log_start_offset
             expired = retention_ms >= 0 and now_ms - segment.largest_timestamp_ms() > retention_ms
             oversize = retention_bytes >= 0 and excess_bytes - segment.size_bytes >= 0
@@ -906,40 +937,108 @@ class PartitionLog:
         """Move log_start_offset up to ``offset`` (DeleteRecords on the leader, the leader's
         log start on a follower: Kafka's maybeIncrementLogStartOffset). Never moves it back;
         False when ``offset`` is not above it. Raises OffsetOutOfRangeError past the log end
-        (the caller bounds it by the high watermark).
+        (the caller bounds it by the high watermark), KafkaStorageError while the log is
+        offline, OSError when the checkpoint cannot be written (then nothing changed, in
+        memory or on disk, so a retry writes it again).
 
         Blocking and crash-safe: the ``log-start-offset`` checkpoint is written first
-        (temp file, fsync, rename, directory fsync), then whole sealed segments below
-        ``offset`` are deleted; a crash in between leaves segments below the checkpointed
-        start, which the next open hides and retention deletes. The segment that contains
-        ``offset`` stays; reads below ``offset`` raise OffsetOutOfRangeError."""
+        (temp file, fsync, rename, directory fsync) and only then does memory move; whole
+        sealed segments below ``offset`` are then unlinked, their directory entries made
+        durable by the next flush's directory fsync (one directory fsync here, not two):
+        a crash before that leaves segments below the checkpointed start, which the next
+        open hides and retention deletes. The segment that contains ``offset`` stays;
+        reads below ``offset`` raise OffsetOutOfRangeError."""
+        if not self.can_advance_log_start_offset(offset):
+            return False
+        self._write_checkpoint(offset)  # raises having changed nothing
+        for segment in self._move_log_start_offset(offset):
+            _delete_segment(segment)
+        return True
+
+    def can_advance_log_start_offset(self, offset: int) -> bool:
+        """``advance_log_start_offset``'s checks: False when ``offset`` is not above the
+        start; raises KafkaStorageError while the log is offline, OffsetOutOfRangeError past
+        the log end."""
         assert not self._closed
+        self._check_writable()
         if offset <= self._log_start_offset:
             return False
         if offset > self.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"log start offset {offset} is past the log end offset {self.log_end_offset}")
+        return True
+
+    # The non-blocking form, for the event loop (``Partition.move_log_start_offset``):
+    #   generation = log.checkpoint_generation
+    #   await trio.to_thread.run_sync(log.store_log_start_checkpoint, offset)
+    #   doomed = log.adopt_log_start_offset(offset, generation)    # memory moves here
+    #   await trio.to_thread.run_sync(delete_segments, doomed)     # unlinks
+
+    @property
+    def checkpoint_generation(self) -> int:
+        return self._checkpoint_generation
+
+    def store_log_start_checkpoint(self, log_start_offset: int) -> None:
+        """Durably write the checkpoint (temp file with its own name, fsync, rename,
+        directory fsync) without touching the log's state: safe in a worker thread. The
+        caller serializes these per log and follows with ``adopt_log_start_offset``."""
+        _store_checkpoint(self.directory, log_start_offset)
+
+    def adopt_log_start_offset(self, offset: int, generation: int) -> list[Segment] | None:
+        """After ``store_log_start_checkpoint(offset)`` succeeded (started when
+        ``checkpoint_generation`` was ``generation``): move the start to ``offset`` and detach
+        the sealed segments wholly below it, which the caller deletes (``delete_segments``,
+        blocking). None, with nothing moved, when the log closed, or another writer
+        (retention, a reset, a truncation) wrote the checkpoint meanwhile, or a truncation
+        cut the log below ``offset``: then ours may be the newest on disk, so the current
+        start is written again, here, so that disk and memory agree."""
+        if self._closed:
+            return None
+        if generation != self._checkpoint_generation or \
+                not self._log_start_offset < offset <= self.log_end_offset:
+            self.rewrite_log_start_checkpoint()
+            return None
+        return self._move_log_start_offset(offset)
+
+    def rewrite_log_start_checkpoint(self) -> None:
+        """Write the current start again (after a worker thread's write that must not
+        stand). Blocking; raises OSError."""
+        self._write_checkpoint(self._log_start_offset)
+
+    def _move_log_start_offset(self, offset: int) -> list[Segment]:
+        """Memory only (the checkpoint already says ``offset``): the new start, the epoch
+        cache trimmed, and the sealed segments wholly below it detached and returned."""
         self._log_start_offset = offset
-        self._write_checkpoint()
         self.epoch_cache.truncate_from_start(offset)
         count = 0
         for segment in self._segments[:-1]:
             if segment.next_offset > offset:
                 break
+            logger.info("%s: deleting segment %d below the log start offset %d",
+                        self.directory, segment.base_offset, offset)
             count += 1
-        if count:
-            for segment in self._segments[:count]:
-                logger.info("%s: deleting segment %d below the log start offset %d",
-                            self.directory, segment.base_offset, offset)
-                segment.delete()
-            del self._segments[:count]
-            fsync_directory(self.directory)
+        doomed = self._detach_leading_segments(count)
         self._check_invariants()
-        return True
+        return doomed
 
-    def _write_checkpoint(self) -> None:
-        data = f"{_CHECKPOINT_VERSION}\n{self._log_start_offset}\n".encode()
-        write_atomically(self.directory / LOG_START_OFFSET_CHECKPOINT, data)
+    def _detach_leading_segments(self, count: int) -> list[Segment]:
+        """Take the first ``count`` segments, all below the (already checkpointed) log start,
+        out of the log; the caller deletes them (``_delete_segment``). Their unlinks need no
+        directory fsync of their own: undone by a crash, they come back below the
+        checkpointed start, hidden and deleted again. The next flush ticket's directory
+        fsync makes them durable."""
+        doomed = self._segments[:count]
+        if doomed:
+            del self._segments[:count]
+            self._directory_version += 1
+        return doomed
+
+    def _write_checkpoint(self, log_start_offset: int) -> None:
+        """Durably record ``log_start_offset`` (fsynced temp file, rename, directory fsync).
+        Callers write first and move ``_log_start_offset`` after, so a failure leaves memory
+        and disk agreeing on the old value."""
+        self._checkpoint_generation += 1
+        _store_checkpoint(self.directory, log_start_offset)
 
     def truncate_to(self, offset: int) -> int:
         """Remove every offset >= ``offset`` (for replication); returns the new log end offset.
@@ -952,6 +1051,11 @@ class PartitionLog:
         if offset >= self.log_end_offset:
             return self.log_end_offset
         self._check_offset_in_range(offset)
+        lowered_start = self._start_after_truncation(offset)
+        if lowered_start < self._log_start_offset:
+            # The batch holding the start goes: checkpoint the lower start first, so the disk
+            # never claims a start above what the log holds and memory never runs ahead.
+            self._write_checkpoint(lowered_start)
         deleted = False
         while len(self._segments) > 1 and self._active.base_offset >= offset:
             self._segments.pop().delete()
@@ -968,14 +1072,35 @@ class PartitionLog:
         self._check_invariants()
         return end_offset
 
+    def _start_after_truncation(self, offset: int) -> int:
+        """The log start once ``truncate_to(offset)`` removed the batch holding ``offset``:
+        that batch's base offset when it also holds the current start (a start inside a
+        batch, set by DeleteRecords), else the current start."""
+        found = self._segments[self._segment_slot(offset)].find_batch(offset)
+        if found is None:
+            return self._log_start_offset
+        return min(self._log_start_offset, found[1].base_offset)
+
     def reset_to(self, offset: int) -> None:
         """Delete every batch and restart the log empty at ``offset`` (Kafka's
         truncateFullyAndStartAt: a follower whose log ends below the leader's log start).
-        Blocking: fsyncs the directory and the log-start checkpoint."""
+        Blocking: the log-start checkpoint is written first (a failure leaves the log as it
+        was), then the segments are replaced and the directory fsynced."""
         assert not self._closed and offset >= 0
         namesake = next((s for s in self._segments if s.base_offset == offset), None)
+        created = None
         if namesake is None:  # create first, so a failure leaves the log as it was
-            new_segment = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+            created = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+        try:
+            self._write_checkpoint(offset)
+        except BaseException:
+            if created is not None:
+                with contextlib.suppress(OSError):
+                    created.delete()
+            raise
+        if namesake is None:
+            assert created is not None
+            new_segment = created
         else:
             namesake.truncate_to(offset)  # empties it (fsynced) and reopens it for appends
             new_segment = namesake
@@ -989,7 +1114,7 @@ class PartitionLog:
         self._flush_target_offset = offset
         self._first_unflushed_ms = None
         self._directory_version += 1
-        self._write_checkpoint()
+        fsync_directory(self.directory)
         self._directory_synced_version = self._directory_version
         self.epoch_cache.clear()
         self._check_invariants()
@@ -1013,6 +1138,47 @@ class PartitionLog:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+_checkpoint_tmp_ids = itertools.count()
+
+
+def _store_checkpoint(directory: Path, log_start_offset: int) -> None:
+    """Replace the ``log-start-offset`` checkpoint crash-safely: a temp file of its own
+    (so a write in a worker thread never shares one with a write on the event loop), fsync,
+    rename, directory fsync. Leftover temp files are removed on open."""
+    path = directory / LOG_START_OFFSET_CHECKPOINT
+    tmp_path = directory / f"{LOG_START_OFFSET_CHECKPOINT}.{next(_checkpoint_tmp_ids)}{TMP_SUFFIX}"
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        write_all(fd, f"{_CHECKPOINT_VERSION}\n{log_start_offset}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise
+    fsync_directory(directory)
+
+
+def _delete_segment(segment: Segment) -> None:
+    """Close and unlink a segment taken out of the log. A failure is logged, not raised: it
+    lies below the checkpointed start, so the next open hides it and retention deletes it."""
+    try:
+        segment.delete()
+    except OSError as error:
+        logger.warning("%s: cannot delete segment %d: %s", segment.log_path.parent,
+                       segment.base_offset, describe_os_error(error))
+
+
+def delete_segments(segments: Sequence[Segment]) -> None:
+    """Blocking: delete the segments ``adopt_log_start_offset`` detached (a worker thread
+    may run it: nothing else references them; readers hold their own dup'd fds)."""
+    for segment in segments:
+        _delete_segment(segment)
 
 
 def _reparse_headers(

@@ -20,6 +20,7 @@ single-node behaviour; ``replication.ReplicaManager`` assigns roles from the met
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import shutil
@@ -30,7 +31,15 @@ from pathlib import Path
 
 import trio
 
-from raftlog.partition.log import FlushTicket, LogConfig, PartitionLog, describe_os_error
+from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
+from raftlog.partition.errors import OffsetOutOfRangeError
+from raftlog.partition.log import (
+    FlushTicket,
+    LogConfig,
+    PartitionLog,
+    delete_segments,
+    describe_os_error,
+)
 from raftlog.partition.replica_state import LeaderState
 from raftlog.partition.txn_index import TxnIndex, open_txn_index, rebuild_txn_index
 from raftlog.txn.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT, ProducerStateManager
@@ -45,8 +54,6 @@ from raftlog.txn.snapshot import (
 
 log = logging.getLogger(__name__)
 
-# The default of log.retention.check.interval.ms (raftlog.config explains why not Kafka's 5 min).
-RETENTION_CHECK_INTERVAL_S = 30.0
 FLUSH_POLL_INTERVAL_S = 0.1
 DEFAULT_MIN_INSYNC_REPLICAS = 1
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
@@ -131,6 +138,9 @@ class Partition:
     # Open and aborted transactions (LSO, read_committed): fed by the log's append listener.
     txns: TxnIndex = field(default_factory=TxnIndex)
     _changed: trio.Event = field(default_factory=trio.Event)
+    # One log-start move (DeleteRecords, a follower following its leader) at a time, and
+    # retention keeps off while one is in flight (``move_log_start_offset``).
+    log_start_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def durable_acks(self) -> bool:
@@ -142,20 +152,60 @@ class Partition:
     def last_stable_offset(self) -> int:
         """min(HW, first offset of the oldest open transaction): read_committed stops here.
         Never below the log start offset (Kafka's maybeIncrementFirstUnstableOffset): an
-        open transaction that began below a DeleteRecords offset must not stall readers."""
+        open transaction that began below a DeleteRecords offset must not stall readers.
+        The log start never passes the HW (DeleteRecords, retention and a follower's start
+        are all bounded by it), so the ``min`` only guards that invariant: the LSO is never
+        above the HW."""
         stable = self.txns.last_stable_offset(self.high_watermark)
         return max(stable, min(self.log.log_start_offset, self.high_watermark))
 
-    def advance_log_start_offset(self, offset: int) -> bool:
+    async def move_log_start_offset(self, offset: int) -> bool:
         """Move the log start up to ``offset`` (DeleteRecords on a leader, the leader's start
-        on a follower): checkpointed durably, whole segments below it deleted, their aborted
-        transactions forgotten. Producer state is kept (as Kafka's). Blocking (fsyncs);
-        raises OffsetOutOfRangeError past the log end, OSError from the disk."""
-        if not self.log.advance_log_start_offset(offset):
-            return False
-        self.txns.drop_segments_below(self.log.segment_base_offsets)
-        self.notify_changed()
-        return True
+        on a follower; Kafka's maybeIncrementLogStartOffset): checkpointed durably, whole
+        segments below it deleted, their aborted transactions forgotten; producer state is
+        kept (as Kafka's). False when ``offset`` is not above the start, or the partition
+        was deleted or reset meanwhile (the caller re-checks its role).
+
+        Without blocking the event loop: the checkpoint write (fsync, rename, directory
+        fsync) and the unlinks run in a worker thread; memory moves in between, on the
+        event loop, and only if no other checkpoint writer (a follower's reset or
+        truncation) ran meanwhile (``PartitionLog.adopt_log_start_offset``). One move at a
+        time per partition (``log_start_lock``); retention skips the partition while one is
+        in flight.
+
+        Raises OffsetOutOfRangeError past the high watermark (Kafka's UnifiedLog refuses a
+        start past it: it would delete data a follower may not have), KafkaStorageError
+        while the log is offline, OSError from the disk (then nothing moved in memory, so a
+        retry writes the checkpoint again)."""
+        async with self.log_start_lock:
+            if offset > self.high_watermark:
+                raise OffsetOutOfRangeError(
+                    f"log start offset {offset} is past the high watermark "
+                    f"{self.high_watermark}")
+            log_ = self.log
+            if self.deleted or not log_.can_advance_log_start_offset(offset):
+                return False
+            generation = log_.checkpoint_generation
+            try:
+                await trio.to_thread.run_sync(log_.store_log_start_checkpoint, offset)
+            except OSError:
+                if not self.deleted and log_.checkpoint_generation != generation:
+                    with contextlib.suppress(OSError):  # ours may have landed over theirs
+                        log_.rewrite_log_start_checkpoint()
+                raise
+            if self.deleted:
+                return False
+            if offset > self.high_watermark:  # truncated meanwhile (no longer the leader)
+                log_.rewrite_log_start_checkpoint()
+                return False
+            doomed = log_.adopt_log_start_offset(offset, generation)
+            if doomed is None:
+                return False
+            self.txns.drop_segments_below(log_.segment_base_offsets)
+            self.notify_changed()
+            if doomed:
+                await trio.to_thread.run_sync(delete_segments, doomed)
+            return True
 
     def low_watermark(self, is_alive: Callable[[int], bool]) -> int:
         """DeleteRecords' low watermark on a leader: the minimum log start offset of this
@@ -297,7 +347,7 @@ class PartitionManager:
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
         self.producer_id_expiration_ms = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # the node sets it
         # log.retention.check.interval.ms; the node sets it from server.properties.
-        self.retention_check_interval_ms = int(RETENTION_CHECK_INTERVAL_S * 1000)
+        self.retention_check_interval_ms = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
@@ -498,8 +548,12 @@ class PartitionManager:
     def enforce_retention(self) -> int:
         deleted = 0
         for partition in list(self.partitions.values()):
+            if partition.log_start_lock.locked():
+                continue  # a log-start move is writing the checkpoint: next check
             try:
-                deleted += partition.log.enforce_retention(now_ms())
+                # Bounded by this replica's HW (a leader's or a follower's own), so the
+                # log start never passes it (Kafka's deletableSegments).
+                deleted += partition.log.enforce_retention(now_ms(), partition.high_watermark)
                 partition.txns.drop_segments_below(partition.log.segment_base_offsets)
             except OSError as error:  # retried at the next check
                 log.warning("partition %s-%d: retention failed: %s", partition.topic,

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog.compression import decompress
+from raftlog.compression import DecompressedSizeError, decompress_records
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
@@ -63,6 +63,17 @@ _BASE_OFFSET_DIGITS = 20
 # Header scans pread this much at a time: one syscall then covers every header of a run of
 # small batches, and costs the same as a 61-byte read for large ones.
 _SCAN_WINDOW_BYTES = 4096
+# ListOffsets by timestamp decompresses one batch on the event loop; a producer's batch may
+# be a compression bomb (its CRC only proves it arrived as sent: 1 MiB of gzip'd zeros is
+# ~1 GiB). A legitimate batch is at most max.message.bytes compressed (default ~1 MiB)
+# and was closed by its producer near batch.size (Java: 16 KiB estimated compressed;
+# librdkafka: 1 MB uncompressed), so its records decompress to a few MiB at most; 64 MiB
+# leaves room for a raised max.message.bytes and highly compressible data while bounding
+# what one lookup can allocate. Past it, the answer is at batch granularity.
+DECOMPRESSED_RECORDS_BYTES_MAX = 64 * 1024 * 1024
+# Batches whose records could not be read are warned about once each; past this many per
+# segment, later ones are logged at debug level (the set must stay bounded).
+_UNREADABLE_WARNED_MAX = 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -154,6 +165,8 @@ class Segment:
         self._append_fd: int | None = None
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_index_entry = 0
+        # (position, crc) of batches whose records could not be read: warned about once.
+        self._unreadable_warned: set[tuple[int, int]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -583,7 +596,9 @@ class Segment:
 
         The time index and batch headers find the first batch whose maxTimestamp reaches
         the target; only that batch's records are decoded (decompressed if need be) to find
-        the record. Control batches are searched like any other, as Kafka does.
+        the record. Control batches are searched like any other, as Kafka does. A batch
+        whose records cannot be read answers at batch granularity: its maxTimestamp at its
+        first offset not below ``start_offset``.
         """
         # Batches before this offset all have smaller timestamps (see TimeIndex).
         first_offset = max(self.time_index.offset_before(timestamp_ms), start_offset)
@@ -591,7 +606,12 @@ class Segment:
         for batch_position, header in self.iter_headers(position):
             if header.max_timestamp < timestamp_ms or header.last_offset < start_offset:
                 continue
-            for offset, record_timestamp_ms in self._record_timestamps(batch_position, header):
+            records = self._record_timestamps(batch_position, header)
+            if records is None:
+                return TimestampAndOffset(header.max_timestamp,
+                                          max(header.base_offset, start_offset),
+                                          _batch_epoch(header))
+            for offset, record_timestamp_ms in records:
                 if record_timestamp_ms >= timestamp_ms and offset >= start_offset:
                     return TimestampAndOffset(record_timestamp_ms, offset,
                                               _batch_epoch(header))
@@ -600,36 +620,55 @@ class Segment:
     def find_max_timestamp(self) -> TimestampAndOffset | None:
         """The earliest record carrying this segment's largest timestamp, or None when the
         segment is empty (KIP-734; Kafka's MAX_TIMESTAMP lookup with
-        ``RecordBatch.offsetOfMaxTimestamp``). The timestamp is the batch's maxTimestamp."""
+        ``RecordBatch.offsetOfMaxTimestamp``). The timestamp is the batch's maxTimestamp;
+        a batch whose records cannot be read answers its base offset. Not bounded by the
+        log start offset (see PartitionLog.find_max_timestamp)."""
         _, position = self.index.lookup(self._offset_of_max_timestamp)
         for batch_position, header in self.iter_headers(position):
             if header.max_timestamp != self.max_timestamp_ms:
                 continue
-            for offset, record_timestamp_ms in self._record_timestamps(batch_position, header):
+            records = self._record_timestamps(batch_position, header)
+            if records is None:
+                return TimestampAndOffset(header.max_timestamp, header.base_offset,
+                                          _batch_epoch(header))
+            for offset, record_timestamp_ms in records:
                 if record_timestamp_ms == header.max_timestamp:
                     return TimestampAndOffset(header.max_timestamp, offset,
                                               _batch_epoch(header))
             return None  # Kafka too stops at the first batch with that maxTimestamp
         return None
 
-    def _record_timestamps(self, position: int, header: BatchHeader) -> list[tuple[int, int]]:
-        """(offset, timestamp_ms) of each record of the batch at ``position``.
-
-        Should the records be unreadable (a codec library missing, or bytes a producer
-        compressed wrongly: the CRC only proves they arrived as sent), this falls back to
-        the batch: its base offset with its maxTimestamp, the answer at batch granularity.
-        """
-        data = os.pread(self._read_fd, header.size_bytes, position)
-        records = data[RECORD_BATCH_OVERHEAD:]
+    def _record_timestamps(self, position: int, header: BatchHeader
+                           ) -> list[tuple[int, int]] | None:
+        """(offset, timestamp_ms) of each record of the batch at ``position``, or None when
+        the records are unreadable: a codec library missing, records that decompress past
+        DECOMPRESSED_RECORDS_BYTES_MAX, or bytes a producer encoded wrongly (the CRC only
+        proves they arrived as sent; offset deltas outside the batch included). The caller
+        then answers at batch granularity."""
+        records: memoryview | bytes | bytearray = \
+            memoryview(os.pread(self._read_fd, header.size_bytes, position))[
+                RECORD_BATCH_OVERHEAD:]
         try:
             if header.compression_codec:
-                records = decompress(header.compression_codec, records)
+                records = decompress_records(header.compression_codec, records,
+                                             max_bytes=DECOMPRESSED_RECORDS_BYTES_MAX)
             return record_timestamps(header, records)
+        except DecompressedSizeError as error:
+            self._warn_unreadable(position, header, str(error))
         except Exception as error:  # codec libraries raise their own types; never crash
-            logger.warning("%s: cannot read the records of the batch at offset %d (%s); "
-                           "answering with the batch's base offset", self.log_path,
-                           header.base_offset, error)
-            return [(header.base_offset, header.max_timestamp)]
+            self._warn_unreadable(position, header, f"{type(error).__name__}: {error}")
+        return None
+
+    def _warn_unreadable(self, position: int, header: BatchHeader, reason: str) -> None:
+        key = (position, header.crc)
+        first_time = key not in self._unreadable_warned and \
+            len(self._unreadable_warned) < _UNREADABLE_WARNED_MAX
+        if first_time:
+            self._unreadable_warned.add(key)
+        logger.log(logging.WARNING if first_time else logging.DEBUG,
+                   "%s: cannot read the records of the batch at offset %d (%s); answering "
+                   "ListOffsets at batch granularity", self.log_path, header.base_offset,
+                   reason)
 
 
 def _batch_epoch(header: BatchHeader) -> int:

@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from raftlog.cli import main as cli_main
+from raftlog.fetch.client import KafkaConnection
+from raftlog.fetch.codec import Api, Struct
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import ALTER_CONFIGS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS
 from tests.integration.cluster_harness import Cluster, cluster3, wait_until
 from tests.integration.conftest import BrokerProcess
 
@@ -23,7 +28,14 @@ __all__ = ["cluster3"]  # the fixture, imported for pytest
 
 TIMEOUT_S = 20.0
 DYNAMIC_TOPIC_CONFIG = 1
+DYNAMIC_BROKER_CONFIG = 2
+DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+OP_SET = 0
+OP_DELETE = 1
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +231,73 @@ def test_dynamic_broker_config_changes_topic_defaults(node: BrokerProcess) -> No
     assert _value_source(node.bootstrap, topic, "retention.ms") == ("604800000", DEFAULT_CONFIG)
 
 
+def _raw(bootstrap: str, api: Api, body: dict[str, Any], *, version: int,
+         client_id: str = "raftlog-test") -> Struct:
+    """One request over raftlog's own wire client: its client.id and target are exact (the
+    Kafka clients route a BROKER resource to that broker and refuse an empty name)."""
+    host, port = bootstrap.rsplit(":", 1)
+
+    async def send() -> Struct:
+        connection = await KafkaConnection.connect(host, int(port), client_id=client_id,
+                                                   timeout_s=TIMEOUT_S)
+        try:
+            return await connection.request(api, body, version=version, timeout_s=TIMEOUT_S)
+        finally:
+            await connection.aclose()
+
+    result: Struct = trio.run(send)
+    return result
+
+
+def _alter_cluster_default(bootstrap: str, name: str, value: str | None) -> None:
+    op = OP_SET if value is not None else OP_DELETE
+    response = _raw(bootstrap, INCREMENTAL_ALTER_CONFIGS, {"resources": [
+        {"resource_type": RESOURCE_BROKER, "resource_name": "", "configs": [
+            {"name": name, "config_operation": op, "value": value}]}],
+        "validate_only": False}, version=1)
+    assert [(r.error_code, r.error_message) for r in response.responses] == [(0, None)]
+
+
+def _describe_broker(bootstrap: str, name: str) -> Struct:
+    response = _raw(bootstrap, DESCRIBE_CONFIGS, {"resources": [
+        {"resource_type": RESOURCE_BROKER, "resource_name": name, "configuration_keys": None}],
+        "include_synonyms": False}, version=2)
+    result: Struct = response.results[0]
+    return result
+
+
+def test_describe_broker_configs_follows_kafkas_resource_names(node: BrokerProcess) -> None:
+    """Kafka's ConfigHelper: this broker's id gives static + dynamic configs; "" gives only
+    the cluster-wide dynamic defaults; another id or a non-number is INVALID_REQUEST."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    _alter_cluster_default(node.bootstrap, "log.retention.ms", "5432000")
+    try:
+        broker = ConfigResource(ResourceType.BROKER, "1")
+        described = _admin(node.bootstrap).describe_configs([broker])[broker].result(
+            timeout=TIMEOUT_S)
+        assert (described["log.retention.ms"].value, int(described["log.retention.ms"].source)
+                ) == ("5432000", DYNAMIC_DEFAULT_BROKER_CONFIG)
+        assert (described["node.id"].value, int(described["node.id"].source)) == (
+            "1", STATIC_BROKER_CONFIG)
+
+        cluster = _describe_broker(node.bootstrap, "")
+        assert cluster.error_code == 0
+        assert [(c.name, c.value, c.config_source) for c in cluster.configs] == [
+            ("log.retention.ms", "5432000", DYNAMIC_DEFAULT_BROKER_CONFIG)]
+    finally:
+        _alter_cluster_default(node.bootstrap, "log.retention.ms", None)
+    assert list(_describe_broker(node.bootstrap, "").configs) == []
+
+    other = _describe_broker(node.bootstrap, "2")
+    assert (other.error_code, other.error_message, list(other.configs)) == (
+        ErrorCode.INVALID_REQUEST,
+        "Unexpected broker id, expected 1 or empty string, but received 2", [])
+    named = _describe_broker(node.bootstrap, "one")
+    assert (named.error_code, named.error_message) == (
+        ErrorCode.INVALID_REQUEST, "Broker id must be an integer, but it is: one")
+
+
 def test_dynamic_cleanup_policy_default_applies_to_produce(node: BrokerProcess) -> None:
     """A dynamic log.cleanup.policy=compact (broker 1) makes a topic without an override compacted:
     produce then refuses records without a key (INVALID_RECORD), as Kafka's LogValidator."""
@@ -286,4 +365,29 @@ def test_min_insync_replicas_via_a_non_controller_node(cluster3: Cluster) -> Non
     _incremental(other.bootstrap, topic, [("min.insync.replicas", "DELETE", None)])
     wait_until(lambda: _produce_all_acks(cluster3.bootstrap, topic) is None, TIMEOUT_S,
                "acks=all produce to succeed again", interval_s=0.2)
+    cluster3.check_logs()
+
+
+def test_a_broker_like_client_id_is_forwarded_like_any_other(cluster3: Cluster) -> None:
+    """Only an Envelope counts as forwarded (KIP-590): a client whose client.id looks like a
+    raftlog broker's still has its AlterConfigs forwarded by a node that is not the controller
+    (it used to be answered NOT_CONTROLLER)."""
+    controller = cluster3.quorum_leader()
+    assert controller is not None
+    other = next(n for n in cluster3.nodes.values() if n.node_id != controller)
+    topic = _create(cluster3.bootstrap)
+    incremental = _raw(other.bootstrap, INCREMENTAL_ALTER_CONFIGS, {"resources": [
+        {"resource_type": RESOURCE_TOPIC, "resource_name": topic, "configs": [
+            {"name": "retention.ms", "config_operation": OP_SET, "value": "4321000"}]}],
+        "validate_only": False}, version=1, client_id="raftlog-broker-1")
+    assert [(r.error_code, r.error_message) for r in incremental.responses] == [(0, None)]
+    wait_until(lambda: _overrides(other.bootstrap, topic) == {"retention.ms": "4321000"},
+               TIMEOUT_S, "the forwarded IncrementalAlterConfigs to show", interval_s=0.2)
+    legacy = _raw(other.bootstrap, ALTER_CONFIGS, {"resources": [
+        {"resource_type": RESOURCE_TOPIC, "resource_name": topic, "configs": [
+            {"name": "segment.bytes", "value": "1048576"}]}],
+        "validate_only": False}, version=1, client_id="raftlog-broker-1")
+    assert [(r.error_code, r.error_message) for r in legacy.responses] == [(0, None)]
+    wait_until(lambda: _overrides(other.bootstrap, topic) == {"segment.bytes": "1048576"},
+               TIMEOUT_S, "the forwarded AlterConfigs to show", interval_s=0.2)
     cluster3.check_logs()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import logging
 import struct
+import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,9 @@ import cramjam
 import crc32c
 import pytest
 
+import raftlog.partition.segment as segment_module
+from raftlog.partition.batch import RECORD_BATCH_OVERHEAD, parse_header, record_timestamps
+from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.log import LOG_APPEND_TIME, LogConfig, PartitionLog
 from raftlog.partition.segment import TimestampAndOffset
 
@@ -184,3 +188,130 @@ def test_unreadable_records_fall_back_to_the_batch(tmp_path: Path,
         assert answer(log, T0 + 7) == (1, T0 + 8)
     assert "cannot read the records" in caplog.text
     log.close()
+
+
+# -- hardening: records a producer got wrong never steer the answer outside their batch ------
+
+
+def _batch_with_deltas(deltas: Sequence[int], timestamps: Sequence[int]) -> bytes:
+    """A CRC-valid batch whose records claim ``deltas`` as offsetDeltas (the header says
+    lastOffsetDelta = len - 1): the broker never decodes records at produce, so it stores
+    whatever a buggy or hostile producer sent."""
+    records = b"".join(_record(delta, ts - timestamps[0], b"v")
+                       for delta, ts in zip(deltas, timestamps, strict=True))
+    header = _HEADER.pack(0, 49 + len(records), -1, 2, 0, 0, len(deltas) - 1, timestamps[0],
+                          max(timestamps), -1, -1, -1, len(deltas))
+    batch = bytearray(header + records)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+@pytest.mark.parametrize(("deltas", "timestamps"), [
+    ([-4, 1000], [T0 + 100, T0 + 100]),  # below the log start, past the log end
+    ([0, 2], [T0 + 50, T0 + 100]),  # past the header's lastOffsetDelta (1)
+    ([1, 0], [T0 + 100, T0 + 50]),  # decreasing
+    ([1, 1], [T0 + 100, T0 + 50]),  # repeated
+], ids=["outside-log", "past-last-delta", "decreasing", "repeated"])
+def test_bad_record_offset_deltas_fall_back_to_the_batch(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, deltas: list[int],
+        timestamps: list[int]) -> None:
+    log = open_log(tmp_path)
+    for i in range(5):
+        log.append(timed_batch([T0 + i]), leader_epoch=0, now_ms=T0)  # offsets 0-4
+    log.advance_log_start_offset(3)
+    log.append(_batch_with_deltas(deltas, timestamps), leader_epoch=0, now_ms=T0)  # 5-6
+    with caplog.at_level(logging.WARNING):
+        found = log.find_offset_by_timestamp(T0 + 100)
+    assert found is not None
+    assert (found.offset, found.timestamp_ms) == (5, T0 + 100), "the batch's base offset"
+    assert log.log_start_offset <= found.offset < log.log_end_offset
+    assert "cannot read the records" in caplog.text
+    log.close()
+
+
+def test_undecodable_batch_straddling_the_log_start_answers_the_log_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """DeleteRecords left the log start inside an undecodable batch (offsets 2-4): the
+    batch-granular answer is the log start, not the next batch (which skipped 3-4)."""
+    log = open_log(tmp_path)
+    log.append(timed_batch([T0 + 1, T0 + 2]), leader_epoch=0, now_ms=T0)
+    garbage = timed_batch([T0 + 5, T0 + 6, T0 + 8], codec=_CODEC_SNAPPY, payload=b"not snappy")
+    log.append(garbage, leader_epoch=0, now_ms=T0)
+    log.append(timed_batch([T0 + 20]), leader_epoch=0, now_ms=T0)
+    log.advance_log_start_offset(3)
+    with caplog.at_level(logging.WARNING):
+        assert answer(log, T0 + 3) == (3, T0 + 8)
+        assert answer(log, T0 + 9) == (5, T0 + 20)
+        assert answer(log, T0 + 3) == (3, T0 + 8)
+    warnings = [r for r in caplog.records if "cannot read the records" in r.getMessage()]
+    assert len(warnings) == 1, "one warning per batch, not one per lookup"
+    log.close()
+
+
+def test_max_timestamp_is_not_bounded_by_the_log_start(tmp_path: Path) -> None:
+    """As Kafka's UnifiedLog (MAX_TIMESTAMP): the segment with the largest timestamp is
+    searched from its start; DeleteRecords' log start does not bound the answer."""
+    log = open_log(tmp_path)
+    log.append(timed_batch([T0 + 50, T0 + 1]), leader_epoch=1, now_ms=T0)
+    log.append(timed_batch([T0 + 2]), leader_epoch=1, now_ms=T0)
+    log.advance_log_start_offset(2)
+    assert log.find_max_timestamp() == TimestampAndOffset(T0 + 50, 0, 1)
+    log.close()
+
+
+def _bomb_batch(uncompressed_bytes: int) -> bytes:
+    """One valid record whose value is ``uncompressed_bytes`` of zeros, gzip-compressed
+    (a few KiB on disk)."""
+    record = _record(0, 0, bytes(uncompressed_bytes))
+    payload = gzip.compress(record)
+    header = _HEADER.pack(0, 49 + len(payload), -1, 2, 0, _CODEC_GZIP, 0, T0 + 5, T0 + 5,
+                          -1, -1, -1, 1)
+    batch = bytearray(header + payload)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+def test_decompression_past_the_cap_falls_back_to_the_batch(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cap_bytes = 64 * 1024
+    monkeypatch.setattr(segment_module, "DECOMPRESSED_RECORDS_BYTES_MAX", cap_bytes)
+    log = open_log(tmp_path)
+    log.append(timed_batch([T0 + 1]), leader_epoch=0, now_ms=T0)
+    bomb = _bomb_batch(8 * 1024 * 1024)
+    assert len(bomb) < 16 * 1024
+    log.append(bomb, leader_epoch=0, now_ms=T0)
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert answer(log, T0 + 2) == (1, T0 + 5)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "more than 65536 bytes" in caplog.text, "the cap, not another failure"
+    assert peak_bytes < 16 * cap_bytes, "decompression stopped near the cap"
+    monkeypatch.setattr(segment_module, "DECOMPRESSED_RECORDS_BYTES_MAX", 16 * 1024 * 1024)
+    assert answer(log, T0 + 2) == (1, T0 + 5), "below the cap: record granular"
+    log.close()
+
+
+def _records_section(batch: bytes) -> bytes:
+    return batch[RECORD_BATCH_OVERHEAD:]
+
+
+def test_record_timestamps_checks_offset_deltas_and_count_against_the_header() -> None:
+    compacted = _batch_with_deltas([0, 2], [T0 + 1, T0 + 3])  # lastOffsetDelta 1: patch to 2
+    header_bytes = bytearray(compacted)
+    struct.pack_into(">i", header_bytes, 23, 2)
+    header = parse_header(bytes(header_bytes))
+    assert record_timestamps(header, _records_section(compacted)) == \
+        [(0, T0 + 1), (2, T0 + 3)], "compaction leaves gaps: allowed"
+    two = _batch_with_deltas([0, 1], [T0 + 1, T0 + 2])
+    for records_count in (1, 3, -1):  # fewer, more than lastOffsetDelta allows, negative
+        patched = bytearray(two)
+        struct.pack_into(">i", patched, 57, records_count)
+        with pytest.raises(CorruptRecordError):
+            record_timestamps(parse_header(bytes(patched)), _records_section(two))
+    with pytest.raises(CorruptRecordError, match="offsetDelta 1000"):
+        record_timestamps(parse_header(two), _records_section(_batch_with_deltas(
+            [0, 1000], [T0 + 1, T0 + 2])))
