@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -194,7 +195,17 @@ def header_line(name: str, settings: dict[str, Any], rows: Sequence[dict[str, An
             f"{settings['interval']:.0f} s"
             + (", UNSAFE cluster" if settings["unsafe"] else "")
             + ("" if settings.get("netns", True) else ", no namespaces")
-            + f"; {dates}; wall time {_duration(wall_s)}, mean {mean} s a run.")
+            + f"; {dates}; wall time {_duration(wall_s)}, mean {mean} s a run; "
+            + f"code under test: {_codes(rows)}.")
+
+
+def _codes(rows: Sequence[dict[str, Any]]) -> str:
+    """Which raftlog commits the runs exercised, with run counts (older rows: "unrecorded")."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        code = row.get("code", "unrecorded")
+        counts[code] = counts.get(code, 0) + 1
+    return ", ".join(f"{code} ({n})" for code, n in counts.items()) or "-"
 
 
 def _duration(seconds: float) -> str:
@@ -324,6 +335,23 @@ def _record(state: dict[str, Any], row: dict[str, Any]) -> None:
     state["runs"] = [r for r in state["runs"] if r not in earlier] + [row]
 
 
+def code_under_test() -> str:
+    """The git commit of the raftlog package the nodes run (``+dirty`` when its tree has
+    uncommitted changes), so every row says which code it is evidence for."""
+    import raftlog
+
+    package = Path(raftlog.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--",
+                                str(package)], capture_output=True, text=True, timeout=10,
+                               check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _run_one(opts: TestOptions, keep_store: str, now: Clock) -> dict[str, Any]:
     started_s = now()
     try:
@@ -367,6 +395,7 @@ def run_campaign(args: argparse.Namespace, make_options: OptionsFactory,
                                    if retried else ""), file=sys.stderr, flush=True)
     write(out, state)
     keep_store = getattr(args, "keep_store", "invalid")
+    code = code_under_test()
     for index, (workload, nemesis, seed) in enumerate(todo):
         expected_s = expected_run_s(state["runs"], args.time_limit)
         if deadline_s is not None and now() + expected_s > deadline_s:
@@ -385,6 +414,7 @@ def run_campaign(args: argparse.Namespace, make_options: OptionsFactory,
             print("interrupted; the table has every finished run, rerun the same command "
                   "to resume", file=sys.stderr)
             return 130
+        row["code"] = code
         _record(state, row)
         print(f"    -> {row['valid']} {row.get('counts', row.get('error'))} "
               f"{row['elapsed_s']:.0f} s", file=sys.stderr, flush=True)

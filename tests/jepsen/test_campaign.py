@@ -254,6 +254,11 @@ def test_header_has_settings_and_date_range(fake: FakeRuns, tmp_path: Path) -> N
     first = datetime.fromtimestamp(1_800_000_000, UTC).strftime("%Y-%m-%d %H:%M")
     assert header.startswith("Campaign camp: 2 of 2 runs done, 3 nodes, 5 s each, rate 20/s")
     assert f"runs from {first} to " in header and "mean 10.0 s a run" in header
+    # Every row names the raftlog commit it is evidence for; the header sums them up.
+    runs = json.loads((tmp_path / "camp" / "campaign.json").read_text())["runs"]
+    codes = {r["code"] for r in runs}
+    assert len(codes) == 1 and codes != {""}
+    assert f"code under test: {codes.pop()} (2)" in header
 
 
 def test_a_relative_store_becomes_an_absolute_run_directory(
