@@ -50,7 +50,14 @@ from pathlib import Path
 
 import crc32c
 
-from raftlog.compression import CODEC_GZIP, CODEC_LZ4, CODEC_SNAPPY, CODEC_ZSTD, decompress
+from raftlog.compression import (
+    CODEC_GZIP,
+    CODEC_LZ4,
+    CODEC_SNAPPY,
+    CODEC_ZSTD,
+    DecompressedSizeError,
+    decompress_records,
+)
 from raftlog.partition.batch import (
     _HEADER,
     BATCH_LENGTH_MIN,
@@ -63,7 +70,7 @@ from raftlog.partition.batch import (
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.files import write_atomically
 from raftlog.partition.index import INT32_MAX
-from raftlog.partition.segment import Segment
+from raftlog.partition.segment import DECOMPRESSED_RECORDS_BYTES_MAX, Segment
 
 __all__ = [
     "CLEANER_CHECKPOINT",
@@ -154,8 +161,14 @@ def _scan_records(payload: bytes, count: int) -> list[_Scanned]:
 
 
 def _payload(header: BatchHeader, batch: bytes) -> bytes:
+    """The batch's records section, decompressed. Bounded like ListOffsets' decoding, so a
+    compression bomb costs at most DECOMPRESSED_RECORDS_BYTES_MAX (DecompressedSizeError):
+    the produce-time key check refuses such a batch, the cleaner keeps it as it is."""
     body = batch[RECORD_BATCH_OVERHEAD:]
-    return decompress(header.compression_codec, body) if header.compression_codec else body
+    if not header.compression_codec:
+        return body
+    return bytes(decompress_records(header.compression_codec, body,
+                                    max_bytes=DECOMPRESSED_RECORDS_BYTES_MAX))
 
 
 def _compress(codec: int, data: bytes) -> bytes | None:
@@ -261,9 +274,12 @@ def _clean_batch(header: BatchHeader, batch: bytes, offset_map: Mapping[bytes, i
         kept: list[_Scanned] = []
         payload = b""
     else:
-        payload = _payload(header, batch)
-        kept, total = _survivors(header, batch, offset_map, now_ms=now_ms,
-                                 delete_retention_ms=delete_retention_ms)
+        try:
+            payload = _payload(header, batch)
+            kept, total = _survivors(header, batch, offset_map, now_ms=now_ms,
+                                     delete_retention_ms=delete_retention_ms)
+        except DecompressedSizeError:
+            return batch  # too large to read safely: kept whole (nothing is lost)
         if len(kept) == total:
             return batch
     if not kept:
@@ -297,7 +313,11 @@ def _add_to_map(out: dict[bytes, int], header: BatchHeader, batch: bytes,
     if header.is_control or aborted.contains(header):
         return
     base = header.base_offset
-    for delta, key, _, _, _ in _scan_records(_payload(header, batch), header.records_count):
+    try:
+        payload = _payload(header, batch)
+    except DecompressedSizeError:
+        return  # its keys do not shadow older values: less is compacted, nothing wrongly
+    for delta, key, _, _, _ in _scan_records(payload, header.records_count):
         if key is not None:
             out[key] = base + delta  # offsets increase through the log: the last one wins
 

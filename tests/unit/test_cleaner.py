@@ -114,6 +114,27 @@ def test_a_partly_cleaned_compressed_batch_keeps_its_codec(codec: int) -> None:
         == [(1, b"b", b"2"), (2, b"a", b"3")]
 
 
+def test_a_batch_that_decompresses_past_the_cap_is_kept_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compression bomb costs at most the cap: the cleaner keeps such a batch as it is (its
+    keys shadow nothing), and the produce-time key check refuses it."""
+    import raftlog.partition.cleaner as cleaner
+    from raftlog.compression import DecompressedSizeError
+
+    older = build_batch([(b"a", b"old", ())])
+    plain = build_batch([(b"a", b"x" * 20_000, ()), (b"a", b"y" * 20_000, ())], base_offset=1)
+    header = replace(parse_header(plain), attributes=1)  # gzip
+    bomb = rebuild_batch(header, plain[RECORD_BATCH_OVERHEAD:], 2)
+    log = older + bomb
+    monkeypatch.setattr(cleaner, "DECOMPRESSED_RECORDS_BYTES_MAX", 10_000)
+    offset_map = build_offset_map(log)
+    assert offset_map == {b"a": 0}  # the bomb's keys were not read
+    assert compact(log, offset_map, now_ms=0, delete_retention_ms=RETENTION) == log
+    with pytest.raises(DecompressedSizeError):
+        cleaner.has_record_without_key(bomb)
+
+
 def test_an_emptied_batch_goes_unless_it_is_the_last_of_its_producer() -> None:
     first = build_batch([(b"a", b"1", ())], producer_id=5, producer_epoch=0, base_sequence=0)
     second = build_batch([(b"a", b"2", ())], base_offset=1, producer_id=5, producer_epoch=0,
