@@ -7,6 +7,7 @@ never raise for bad input: every expected failure is a Kafka error code in the b
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -611,33 +612,27 @@ class KafkaApis:
 
     def delete_records(self, ctx: RequestContext) -> HandlerResult:
         """Kafka's handleDeleteRecordsRequest: each partition's leader advances its log start
-        offset (``_advance_log_start``: the file work in a worker thread); the answer waits,
-        like Kafka's DelayedDeleteRecords, until every live replica's log start offset (the
-        low watermark) has reached the requested offset, or ``timeout_ms`` (then
-        REQUEST_TIMED_OUT)."""
+        offset (``_delete_on_leader``) right here, synchronously, in the same step as its
+        checks; the answer waits, like Kafka's DelayedDeleteRecords, until every live
+        replica's log start offset (the low watermark) has reached the requested offset, or
+        ``timeout_ms`` (then REQUEST_TIMED_OUT)."""
         request = ctx.body
         topics: list[Body] = []
-        moves: list[tuple[Body, Partition, int, int]] = []
+        waiting: list[tuple[Body, Partition, int, int]] = []
         for topic in request.topics:
             results = []
             for requested in topic.partitions:
-                result, move = self._check_delete(topic.name, requested)
+                result, pending = self._delete_on_leader(topic.name, requested)
                 results.append(result)
-                if move is not None:
-                    moves.append((result, *move))
+                if pending is not None:
+                    waiting.append((result, *pending))
             topics.append({"name": topic.name, "partitions": results})
         body: Body = {"throttle_time_ms": 0, "topics": topics}
-        if not moves:
+        if not waiting:
             return body
         deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
 
-        async def move_then_wait() -> Body:
-            waiting = []
-            for result, partition, offset, generation in moves:
-                result["error_code"] = await self._advance_log_start(partition, offset)
-                if result["error_code"] == ErrorCode.NONE:
-                    result["low_watermark"] = partition.low_watermark(self.replicas.is_eligible)
-                    waiting.append((result, partition, offset, generation))
+        async def wait_for_replicas() -> Body:
             for result, partition, offset, generation in waiting:
                 await partition.wait_until(
                     functools.partial(self._delete_settled, partition, offset, generation),
@@ -645,12 +640,17 @@ class KafkaApis:
                 self._finish_delete(result, partition, offset, generation)
             return body
 
-        return move_then_wait
+        return wait_for_replicas
 
-    def _check_delete(self, topic: str, requested: Struct
-                      ) -> tuple[Body, tuple[Partition, int, int] | None]:
-        """One partition's checks (Kafka's deleteRecordsOnLocalLog): its result, and
-        (partition, offset, leadership generation) when its log start is to move."""
+    def _delete_on_leader(self, topic: str, requested: Struct
+                          ) -> tuple[Body, tuple[Partition, int, int] | None]:
+        """One partition (Kafka's deleteRecordsOnLocalLog + Partition.deleteRecordsOnLeader):
+        the checks (``_delete_offset``), then the move, with no await in between, so a
+        partition that stopped leading can never have its start moved by a DeleteRecords.
+        The move runs on the event loop, as retention does: a checkpoint fsync and a
+        directory fsync (two when segments go) per partition in the request. Returns the
+        result, and (partition, offset, leadership generation) when it must wait for the
+        followers."""
         result: Body = {"partition_index": requested.partition_index, "low_watermark": -1,
                         "error_code": ErrorCode.NONE}
         partition = self.manager.get(topic, requested.partition_index)
@@ -660,28 +660,20 @@ class KafkaApis:
         result["error_code"] = error
         if error != ErrorCode.NONE or partition is None:
             return result, None
-        return result, (partition, offset, partition.leadership_generation)
-
-    async def _advance_log_start(self, partition: Partition, offset: int) -> ErrorCode:
-        """DeleteRecords' I/O step (Partition.deleteRecordsOnLeader): move the leader's log
-        start (``Partition.move_log_start_offset``: checkpoint first, in a worker thread)
-        and wake follower long polls so they adopt it. Leadership, deletion and the HW are
-        checked again once the file work is done: KAFKA_STORAGE_ERROR when the disk refuses
-        or the log is offline."""
         try:
-            if await partition.move_log_start_offset(offset):
+            if partition.move_log_start_offset(offset):
                 log.info("partition %s-%d: log start offset advanced to %d by DeleteRecords",
-                         partition.topic, partition.index, offset)
+                         topic, partition.index, offset)
                 self.manager.note_role_change(partition)  # wakes follower long polls
-        except OffsetOutOfRangeError:  # the HW moved down meanwhile (no longer the leader)
-            return ErrorCode.OFFSET_OUT_OF_RANGE
         except (PartitionLogError, OSError) as exc:
-            if partition.deleted:
-                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            log.warning("DeleteRecords on %s-%d to %d failed: %s", partition.topic,
-                        partition.index, offset, exc)
-            return ErrorCode.KAFKA_STORAGE_ERROR
-        return ErrorCode.NONE
+            log.warning("DeleteRecords on %s-%d to %d failed: %s", topic, partition.index,
+                        offset, exc)
+            result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
+            return result, None
+        result["low_watermark"] = partition.low_watermark(self.replicas.is_eligible)
+        if result["low_watermark"] >= offset:
+            return result, None
+        return result, (partition, offset, partition.leadership_generation)
 
     def _delete_settled(self, partition: Partition, offset: int, generation: int) -> bool:
         return partition.deleted or partition.leadership_generation != generation or \
@@ -706,11 +698,22 @@ class KafkaApis:
     # -- ListOffsets ---------------------------------------------------------------------------
 
     def list_offsets(self, ctx: RequestContext) -> HandlerResult:
+        """Kafka's handleListOffsetRequest. A partition named more than once in the request
+        is answered INVALID_REQUEST in every entry, as Kafka (ListOffsetsRequest
+        .duplicatePartitions): so one request cannot make this node look up (and perhaps
+        decompress) the same batch over and over. There is no cap on the number of
+        entries, as in Kafka: each one is a distinct partition, only partitions hosted here
+        cost a lookup (one index search, at most one batch decoded, an unreadable batch only
+        once per segment), and the request's size is bounded by socket.request.max.bytes."""
         request = ctx.body
+        seen: collections.Counter[tuple[str, int]] = collections.Counter(
+            (topic.name, p.partition_index) for topic in request.topics for p in topic.partitions)
         topics = []
         for topic in request.topics:
             parts = [self._list_offset(topic.name, p, request.isolation_level,
                                        request.replica_id)
+                     if seen[(topic.name, p.partition_index)] == 1
+                     else _list_offset_error(p.partition_index, ErrorCode.INVALID_REQUEST)
                      for p in topic.partitions]
             topics.append({"name": topic.name, "partitions": parts})
         return {"throttle_time_ms": 0, "topics": topics}
@@ -1096,6 +1099,11 @@ def _broker_properties(config: ServerConfig) -> dict[str, str]:
         out[item.name.replace("_", ".")] = str(value).lower() if isinstance(value, bool) \
             else str(value)
     return out
+
+
+def _list_offset_error(partition_index: int, error: ErrorCode) -> Body:
+    return {"partition_index": partition_index, "error_code": error, "timestamp": -1,
+            "offset": -1, "leader_epoch": -1}
 
 
 def follower_can_advance_start(reported_start: int, fetch_offset: int, leader_start: int,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import logging
 import os
 from bisect import bisect_right
@@ -78,7 +77,6 @@ __all__ = [
     "LogConfig",
     "LogRead",
     "PartitionLog",
-    "delete_segments",
     "describe_os_error",
 ]
 
@@ -296,10 +294,6 @@ class PartitionLog:
         self._first_unflushed_ms: int | None = None  # append time of the oldest unticketed data
         self._generation = 0  # bumped by truncation: older flush tickets no longer apply
         self._directory_version = 1  # bumped when files are created, renamed or deleted
-        # Bumped by every synchronous write of the log-start checkpoint, so a write done in a
-        # worker thread (``store_log_start_checkpoint``) can tell whether it may have landed
-        # over a newer one (``adopt_log_start_offset``).
-        self._checkpoint_generation = 0
         self._directory_synced_version = 0
         self._closed = False
         # Why the log is offline (no appends, no fsyncs until a restart recovers it), or None.
@@ -326,7 +320,7 @@ class PartitionLog:
         _finish_swaps(directory, config.index_interval_bytes)
         _remove_leftovers(directory)
         checkpoint = _read_checkpoint(directory)
-        segments = _load_segments(directory, config, now_ms)
+        segments = _load_segments(directory, config, now_ms, checkpoint)
         if not segments:
             first_offset = 0 if checkpoint is None else checkpoint
             segments = [Segment.create(directory, first_offset, config.index_interval_bytes)]
@@ -906,12 +900,10 @@ class PartitionLog:
             return 0
         new_start = max(self._log_start_offset, self._segments[count].base_offset)
         if new_start > self._log_start_offset:
-            self._write_checkpoint(new_start)  # raises having changed nothing
-            self._log_start_offset = new_start
-            self.epoch_cache.truncate_from_start(new_start)
-        for segment in self._detach_leading_segments(count):
-            logger.info("%s: deleting segment %d by retention", self.directory, segment.base_offset)
-            _delete_segment(segment)
+            # raises having changed nothing
+            self._write_checkpoint(new_start, memory_may_follow=True)
+            self._set_log_start_offset(new_start)
+        self._delete_leading_segments(count, "by retention")
         self._check_invariants()
         return count
 
@@ -938,27 +930,18 @@ class PartitionLog:
         log start on a follower: Kafka's maybeIncrementLogStartOffset). Never moves it back;
         False when ``offset`` is not above it. Raises OffsetOutOfRangeError past the log end
         (the caller bounds it by the high watermark), KafkaStorageError while the log is
-        offline, OSError when the checkpoint cannot be written (then nothing changed, in
-        memory or on disk, so a retry writes it again).
+        offline (or once a failed directory fsync took it offline), OSError when the
+        checkpoint cannot be written (then nothing changed, in memory or on disk, so a
+        retry writes it again).
 
-        Blocking and crash-safe: the ``log-start-offset`` checkpoint is written first
-        (temp file, fsync, rename, directory fsync) and only then does memory move; whole
-        sealed segments below ``offset`` are then unlinked, their directory entries made
-        durable by the next flush's directory fsync (one directory fsync here, not two):
-        a crash before that leaves segments below the checkpointed start, which the next
-        open hides and retention deletes. The segment that contains ``offset`` stays;
-        reads below ``offset`` raise OffsetOutOfRangeError."""
-        if not self.can_advance_log_start_offset(offset):
-            return False
-        self._write_checkpoint(offset)  # raises having changed nothing
-        for segment in self._move_log_start_offset(offset):
-            _delete_segment(segment)
-        return True
-
-    def can_advance_log_start_offset(self, offset: int) -> bool:
-        """``advance_log_start_offset``'s checks: False when ``offset`` is not above the
-        start; raises KafkaStorageError while the log is offline, OffsetOutOfRangeError past
-        the log end."""
+        Blocking, on the caller's thread, in one call (so nothing can change the log or the
+        caller's role in between): the ``log-start-offset`` checkpoint is written first
+        (temp file, fsync, rename, directory fsync), then memory moves, then the sealed
+        segments wholly below ``offset`` are unlinked, oldest first, stopping at the first
+        failure, and one directory fsync makes the unlinks durable. A crash (or a failed
+        unlink) at any point leaves at most a contiguous prefix of segments below the
+        checkpointed start, which the next open deletes. The segment that contains
+        ``offset`` stays; reads below ``offset`` raise OffsetOutOfRangeError."""
         assert not self._closed
         self._check_writable()
         if offset <= self._log_start_offset:
@@ -966,79 +949,76 @@ class PartitionLog:
         if offset > self.log_end_offset:
             raise OffsetOutOfRangeError(
                 f"log start offset {offset} is past the log end offset {self.log_end_offset}")
-        return True
-
-    # The non-blocking form, for the event loop (``Partition.move_log_start_offset``):
-    #   generation = log.checkpoint_generation
-    #   await trio.to_thread.run_sync(log.store_log_start_checkpoint, offset)
-    #   doomed = log.adopt_log_start_offset(offset, generation)    # memory moves here
-    #   await trio.to_thread.run_sync(delete_segments, doomed)     # unlinks
-
-    @property
-    def checkpoint_generation(self) -> int:
-        return self._checkpoint_generation
-
-    def store_log_start_checkpoint(self, log_start_offset: int) -> None:
-        """Durably write the checkpoint (temp file with its own name, fsync, rename,
-        directory fsync) without touching the log's state: safe in a worker thread. The
-        caller serializes these per log and follows with ``adopt_log_start_offset``."""
-        _store_checkpoint(self.directory, log_start_offset)
-
-    def adopt_log_start_offset(self, offset: int, generation: int) -> list[Segment] | None:
-        """After ``store_log_start_checkpoint(offset)`` succeeded (started when
-        ``checkpoint_generation`` was ``generation``): move the start to ``offset`` and detach
-        the sealed segments wholly below it, which the caller deletes (``delete_segments``,
-        blocking). None, with nothing moved, when the log closed, or another writer
-        (retention, a reset, a truncation) wrote the checkpoint meanwhile, or a truncation
-        cut the log below ``offset``: then ours may be the newest on disk, so the current
-        start is written again, here, so that disk and memory agree."""
-        if self._closed:
-            return None
-        if generation != self._checkpoint_generation or \
-                not self._log_start_offset < offset <= self.log_end_offset:
-            self.rewrite_log_start_checkpoint()
-            return None
-        return self._move_log_start_offset(offset)
-
-    def rewrite_log_start_checkpoint(self) -> None:
-        """Write the current start again (after a worker thread's write that must not
-        stand). Blocking; raises OSError."""
-        self._write_checkpoint(self._log_start_offset)
-
-    def _move_log_start_offset(self, offset: int) -> list[Segment]:
-        """Memory only (the checkpoint already says ``offset``): the new start, the epoch
-        cache trimmed, and the sealed segments wholly below it detached and returned."""
-        self._log_start_offset = offset
-        self.epoch_cache.truncate_from_start(offset)
+        self._write_checkpoint(offset, memory_may_follow=True)  # raises having changed nothing
+        self._set_log_start_offset(offset)
         count = 0
         for segment in self._segments[:-1]:
             if segment.next_offset > offset:
                 break
-            logger.info("%s: deleting segment %d below the log start offset %d",
-                        self.directory, segment.base_offset, offset)
             count += 1
-        doomed = self._detach_leading_segments(count)
+        self._delete_leading_segments(count, f"below the log start offset {offset}")
         self._check_invariants()
-        return doomed
+        return True
 
-    def _detach_leading_segments(self, count: int) -> list[Segment]:
-        """Take the first ``count`` segments, all below the (already checkpointed) log start,
-        out of the log; the caller deletes them (``_delete_segment``). Their unlinks need no
-        directory fsync of their own: undone by a crash, they come back below the
-        checkpointed start, hidden and deleted again. The next flush ticket's directory
-        fsync makes them durable."""
+    def _set_log_start_offset(self, offset: int) -> None:
+        self._log_start_offset = offset
+        self.epoch_cache.truncate_from_start(offset)
+
+    def _delete_leading_segments(self, count: int, why: str) -> None:
+        """Take the first ``count`` segments (all below the checkpointed log start) out of
+        the log and unlink them, oldest first, then fsync the directory once so the unlinks
+        are durable even if no flush follows (an idle partition). Stops at the first failed
+        delete, closing the rest: what stays on disk is then a contiguous prefix below the
+        checkpointed start, which the next open deletes (``_load_segments``). A gap (an old
+        segment left, a later one gone) would look like a torn log there. A failure is
+        logged, not raised: the start has moved either way."""
         doomed = self._segments[:count]
-        if doomed:
-            del self._segments[:count]
-            self._directory_version += 1
-        return doomed
+        if not doomed:
+            return
+        del self._segments[:count]
+        self._directory_version += 1
+        failed: OSError | None = None
+        for segment in doomed:
+            if failed is not None:
+                with contextlib.suppress(OSError):
+                    segment.close()
+                continue
+            logger.info("%s: deleting segment %d %s", self.directory, segment.base_offset, why)
+            try:
+                segment.delete()
+            except OSError as error:
+                failed = error
+                with contextlib.suppress(OSError):
+                    segment.close()
+                logger.warning("%s: cannot delete segment %d (%s); it and the %d after it stay"
+                               " on disk below the log start until the next open deletes them",
+                               self.directory, segment.base_offset, describe_os_error(error),
+                               len(doomed) - doomed.index(segment) - 1)
+        try:
+            fsync_directory(self.directory)
+        except OSError as error:  # a failed fsync is not retried (see mark_offline)
+            self.mark_offline("directory fsync after deleting segments", error)
 
-    def _write_checkpoint(self, log_start_offset: int) -> None:
+    def _write_checkpoint(self, log_start_offset: int, *, memory_may_follow: bool = False
+                          ) -> None:
         """Durably record ``log_start_offset`` (fsynced temp file, rename, directory fsync).
-        Callers write first and move ``_log_start_offset`` after, so a failure leaves memory
-        and disk agreeing on the old value."""
-        self._checkpoint_generation += 1
-        _store_checkpoint(self.directory, log_start_offset)
+        Callers write first and move ``_log_start_offset`` after, so a failure before the
+        rename leaves memory and disk agreeing on the old value (OSError). A failed
+        directory fsync after the rename leaves the disk saying the new value, durably or
+        not: the log goes offline (a failed fsync is not retried; a restart reads whichever
+        value survived) and KafkaStorageError is raised; with ``memory_may_follow`` (a
+        start moving up within the log) memory adopts the new value first, so nothing below
+        it is served while the disk already says it is gone."""
+        _replace_checkpoint(self.directory, log_start_offset)
+        try:
+            fsync_directory(self.directory)
+        except OSError as error:
+            if memory_may_follow:
+                self._set_log_start_offset(log_start_offset)
+            self.mark_offline(f"directory fsync after writing log start {log_start_offset}",
+                              error)
+            raise KafkaStorageError(f"partition {self.name} is offline after an I/O error "
+                                    f"({self._offline_reason})") from error
 
     def truncate_to(self, offset: int) -> int:
         """Remove every offset >= ``offset`` (for replication); returns the new log end offset.
@@ -1140,45 +1120,25 @@ class PartitionLog:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-_checkpoint_tmp_ids = itertools.count()
-
-
-def _store_checkpoint(directory: Path, log_start_offset: int) -> None:
-    """Replace the ``log-start-offset`` checkpoint crash-safely: a temp file of its own
-    (so a write in a worker thread never shares one with a write on the event loop), fsync,
-    rename, directory fsync. Leftover temp files are removed on open."""
+def _replace_checkpoint(directory: Path, log_start_offset: int) -> None:
+    """Write the ``log-start-offset`` checkpoint to its temp file (one fixed name: every
+    write runs on the log's owner thread), fsync it and rename it over the checkpoint; the
+    caller fsyncs the directory. Raises OSError having changed nothing: the temp file is
+    removed on any failure, so retries on a full disk leave nothing behind."""
     path = directory / LOG_START_OFFSET_CHECKPOINT
-    tmp_path = directory / f"{LOG_START_OFFSET_CHECKPOINT}.{next(_checkpoint_tmp_ids)}{TMP_SUFFIX}"
+    tmp_path = path.with_name(path.name + TMP_SUFFIX)
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, f"{_CHECKPOINT_VERSION}\n{log_start_offset}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            write_all(fd, f"{_CHECKPOINT_VERSION}\n{log_start_offset}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
         raise
-    fsync_directory(directory)
-
-
-def _delete_segment(segment: Segment) -> None:
-    """Close and unlink a segment taken out of the log. A failure is logged, not raised: it
-    lies below the checkpointed start, so the next open hides it and retention deletes it."""
-    try:
-        segment.delete()
-    except OSError as error:
-        logger.warning("%s: cannot delete segment %d: %s", segment.log_path.parent,
-                       segment.base_offset, describe_os_error(error))
-
-
-def delete_segments(segments: Sequence[Segment]) -> None:
-    """Blocking: delete the segments ``adopt_log_start_offset`` detached (a worker thread
-    may run it: nothing else references them; readers hold their own dup'd fds)."""
-    for segment in segments:
-        _delete_segment(segment)
 
 
 def _reparse_headers(
@@ -1266,18 +1226,25 @@ def _remove_leftovers(directory: Path) -> None:
                 path.unlink()
 
 
-def _load_segments(directory: Path, config: LogConfig, now_ms: int) -> list[Segment]:
+def _load_segments(directory: Path, config: LogConfig, now_ms: int,
+                   checkpoint: int | None) -> list[Segment]:
     """Open every segment; sealed ones are tail-checked, the last one is recovered.
 
-    A sealed segment that fails its checks is recovered by scanning. If that drops bytes or
-    leaves a gap, everything after it is deleted: later data was never acknowledged as
-    flushed (a flush syncs every earlier segment too), and the log must stay a prefix.
+    First, segments wholly below the checkpointed log start (``checkpoint``: the next
+    segment's base offset is at or below it) are deleted: a crash or a failed unlink while
+    the start moved left them, and they need not be contiguous with what follows (a
+    DeleteRecords that deleted a later one but not an older one, before this was fixed).
+    A sealed segment that fails its checks is then recovered by scanning. If that drops
+    bytes or leaves a gap, everything after it is deleted: later data was never
+    acknowledged as flushed (a flush syncs every earlier segment too), and the log must
+    stay a prefix.
     """
     base_offsets = sorted(
         offset
         for path in directory.glob("*" + LOG_SUFFIX)
         if (offset := parse_base_offset(path, LOG_SUFFIX)) is not None
     )
+    base_offsets = _delete_below_start(directory, base_offsets, checkpoint)
     interval = config.index_interval_bytes
     segments = [Segment.open_existing(directory, base, interval) for base in base_offsets]
     for slot, segment in enumerate(segments[:-1]):
@@ -1296,6 +1263,25 @@ def _load_segments(directory: Path, config: LogConfig, now_ms: int) -> list[Segm
     if segments:
         segments[-1].recover(now_ms)
     return segments
+
+
+def _delete_below_start(directory: Path, base_offsets: list[int], checkpoint: int | None
+                        ) -> list[int]:
+    """Unlink the segments (all their files) whose successor starts at or below the
+    checkpointed log start; returns the base offsets that remain."""
+    if checkpoint is None:
+        return base_offsets
+    keep_from = 0
+    while keep_from + 1 < len(base_offsets) and base_offsets[keep_from + 1] <= checkpoint:
+        keep_from += 1
+    for base in base_offsets[:keep_from]:
+        logger.info("%s: deleting segment %d below the log start offset %d", directory, base,
+                    checkpoint)
+        for suffix in SEGMENT_SUFFIXES:
+            (directory / segment_file_name(base, suffix)).unlink(missing_ok=True)
+    if keep_from:
+        fsync_directory(directory)
+    return base_offsets[keep_from:]
 
 
 def _read_checkpoint(directory: Path) -> int | None:

@@ -20,7 +20,6 @@ single-node behaviour; ``replication.ReplicaManager`` assigns roles from the met
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import shutil
@@ -32,12 +31,11 @@ from pathlib import Path
 import trio
 
 from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
-from raftlog.partition.errors import OffsetOutOfRangeError
+from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.log import (
     FlushTicket,
     LogConfig,
     PartitionLog,
-    delete_segments,
     describe_os_error,
 )
 from raftlog.partition.replica_state import LeaderState
@@ -138,9 +136,6 @@ class Partition:
     # Open and aborted transactions (LSO, read_committed): fed by the log's append listener.
     txns: TxnIndex = field(default_factory=TxnIndex)
     _changed: trio.Event = field(default_factory=trio.Event)
-    # One log-start move (DeleteRecords, a follower following its leader) at a time, and
-    # retention keeps off while one is in flight (``move_log_start_offset``).
-    log_start_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def durable_acks(self) -> bool:
@@ -159,53 +154,31 @@ class Partition:
         stable = self.txns.last_stable_offset(self.high_watermark)
         return max(stable, min(self.log.log_start_offset, self.high_watermark))
 
-    async def move_log_start_offset(self, offset: int) -> bool:
+    def move_log_start_offset(self, offset: int) -> bool:
         """Move the log start up to ``offset`` (DeleteRecords on a leader, the leader's start
         on a follower; Kafka's maybeIncrementLogStartOffset): checkpointed durably, whole
         segments below it deleted, their aborted transactions forgotten; producer state is
-        kept (as Kafka's). False when ``offset`` is not above the start, or the partition
-        was deleted or reset meanwhile (the caller re-checks its role).
+        kept (as Kafka's). False when ``offset`` is not above the start or the partition
+        was deleted.
 
-        Without blocking the event loop: the checkpoint write (fsync, rename, directory
-        fsync) and the unlinks run in a worker thread; memory moves in between, on the
-        event loop, and only if no other checkpoint writer (a follower's reset or
-        truncation) ran meanwhile (``PartitionLog.adopt_log_start_offset``). One move at a
-        time per partition (``log_start_lock``); retention skips the partition while one is
-        in flight.
+        Synchronous on the event loop, like retention: one checkpoint fsync and one
+        directory fsync (two when segments are unlinked; ``PartitionLog.
+        advance_log_start_offset``). Being one call with no await, nothing (a leadership
+        change, a reset, a deletion, another move) can happen between the caller's checks
+        and the move, and no cancellation can stop it half way.
 
         Raises OffsetOutOfRangeError past the high watermark (Kafka's UnifiedLog refuses a
         start past it: it would delete data a follower may not have), KafkaStorageError
-        while the log is offline, OSError from the disk (then nothing moved in memory, so a
-        retry writes the checkpoint again)."""
-        async with self.log_start_lock:
-            if offset > self.high_watermark:
-                raise OffsetOutOfRangeError(
-                    f"log start offset {offset} is past the high watermark "
-                    f"{self.high_watermark}")
-            log_ = self.log
-            if self.deleted or not log_.can_advance_log_start_offset(offset):
-                return False
-            generation = log_.checkpoint_generation
-            try:
-                await trio.to_thread.run_sync(log_.store_log_start_checkpoint, offset)
-            except OSError:
-                if not self.deleted and log_.checkpoint_generation != generation:
-                    with contextlib.suppress(OSError):  # ours may have landed over theirs
-                        log_.rewrite_log_start_checkpoint()
-                raise
-            if self.deleted:
-                return False
-            if offset > self.high_watermark:  # truncated meanwhile (no longer the leader)
-                log_.rewrite_log_start_checkpoint()
-                return False
-            doomed = log_.adopt_log_start_offset(offset, generation)
-            if doomed is None:
-                return False
-            self.txns.drop_segments_below(log_.segment_base_offsets)
-            self.notify_changed()
-            if doomed:
-                await trio.to_thread.run_sync(delete_segments, doomed)
-            return True
+        while the log is offline, OSError from the disk (then nothing moved, in memory or
+        on disk, so a retry writes the checkpoint again)."""
+        if offset > self.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"log start offset {offset} is past the high watermark {self.high_watermark}")
+        if self.deleted or not self.log.advance_log_start_offset(offset):
+            return False
+        self.txns.drop_segments_below(self.log.segment_base_offsets)
+        self.notify_changed()
+        return True
 
     def low_watermark(self, is_alive: Callable[[int], bool]) -> int:
         """DeleteRecords' low watermark on a leader: the minimum log start offset of this
@@ -548,8 +521,6 @@ class PartitionManager:
     def enforce_retention(self) -> int:
         deleted = 0
         for partition in list(self.partitions.values()):
-            if partition.log_start_lock.locked():
-                continue  # a log-start move is writing the checkpoint: next check
             try:
                 # Bounded by this replica's HW (a leader's or a follower's own), so the
                 # log start never passes it (Kafka's deletableSegments).
@@ -558,6 +529,9 @@ class PartitionManager:
             except OSError as error:  # retried at the next check
                 log.warning("partition %s-%d: retention failed: %s", partition.topic,
                             partition.index, describe_os_error(error))
+            except PartitionLogError as error:  # a failed fsync took the log offline
+                log.warning("partition %s-%d: retention failed: %s", partition.topic,
+                            partition.index, error)
         return deleted
 
 

@@ -811,23 +811,23 @@ class LeaderFetcher:
                                 partition.topic, partition.index, end_offset)
             if self._current(assignment):
                 self.manager.set_follower_high_watermark(partition, leader_high_watermark)
-                await self._follow_log_start(assignment, leader_start)
+                self._follow_log_start(assignment, leader_start)
 
-    async def _follow_log_start(self, assignment: FollowerAssignment, leader_start: int
-                                ) -> None:
+    def _follow_log_start(self, assignment: FollowerAssignment, leader_start: int) -> None:
         """Kafka's ReplicaFetcherThread ``maybeIncrementLogStartOffset``: advance to the
         leader's log start, capped at our HW (UnifiedLog refuses a start past it), so the
-        next Fetch reports it and the leader's DeleteRecords can complete. The file work
-        runs in a worker thread (``Partition.move_log_start_offset``); a failure changes
-        nothing (the retry writes the checkpoint again) and backs the partition off (the
-        leader answers a follower whose reported start is behind at once, so retrying
-        without a pause would spin)."""
+        next Fetch reports it and the leader's DeleteRecords can complete. Synchronous, on
+        the event loop (``Partition.move_log_start_offset``: the checkpoint's fsyncs and a
+        directory fsync after any unlinks; no await, so no cancellation or role change can
+        interleave). A failure changes nothing (the retry writes the checkpoint again) and
+        backs the partition off (the leader answers a follower whose reported start is
+        behind at once, so retrying without a pause would spin)."""
         partition = assignment.partition
         target = min(leader_start, partition.high_watermark)
         if target <= partition.log.log_start_offset:
             return
         try:
-            if await partition.move_log_start_offset(target):
+            if partition.move_log_start_offset(target):
                 log.info("partition %s-%d: log start offset advanced to %d (the leader's)",
                          partition.topic, partition.index, target)
         except (PartitionLogError, OSError) as exc:  # retried after the backoff

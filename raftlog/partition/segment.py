@@ -71,9 +71,11 @@ _SCAN_WINDOW_BYTES = 4096
 # leaves room for a raised max.message.bytes and highly compressible data while bounding
 # what one lookup can allocate. Past it, the answer is at batch granularity.
 DECOMPRESSED_RECORDS_BYTES_MAX = 64 * 1024 * 1024
-# Batches whose records could not be read are warned about once each; past this many per
-# segment, later ones are logged at debug level (the set must stay bounded).
-_UNREADABLE_WARNED_MAX = 1024
+# Batches whose records could not be read are remembered, per segment, so a ListOffsets
+# that lands on one again answers at batch granularity at once instead of decompressing it
+# again (up to the cap: ~200 ms on the event loop for a bomb) and warns once. Bounded: past
+# this many in one segment, the oldest is forgotten (and decoded again if asked for).
+_UNREADABLE_BATCHES_MAX = 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -165,8 +167,9 @@ class Segment:
         self._append_fd: int | None = None
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_index_entry = 0
-        # (position, crc) of batches whose records could not be read: warned about once.
-        self._unreadable_warned: set[tuple[int, int]] = set()
+        # (position, crc, decompression cap) of batches whose records could not be read,
+        # oldest first (a dict as an ordered set): not decoded again, warned about once.
+        self._unreadable: dict[tuple[int, int, int], None] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -644,7 +647,10 @@ class Segment:
         the records are unreadable: a codec library missing, records that decompress past
         DECOMPRESSED_RECORDS_BYTES_MAX, or bytes a producer encoded wrongly (the CRC only
         proves they arrived as sent; offset deltas outside the batch included). The caller
-        then answers at batch granularity."""
+        then answers at batch granularity. An unreadable batch is remembered (keyed by its
+        position, CRC and the cap), so the next lookup answers without decoding it again."""
+        if (position, header.crc, DECOMPRESSED_RECORDS_BYTES_MAX) in self._unreadable:
+            return None
         records: memoryview | bytes | bytearray = \
             memoryview(os.pread(self._read_fd, header.size_bytes, position))[
                 RECORD_BATCH_OVERHEAD:]
@@ -660,15 +666,13 @@ class Segment:
         return None
 
     def _warn_unreadable(self, position: int, header: BatchHeader, reason: str) -> None:
-        key = (position, header.crc)
-        first_time = key not in self._unreadable_warned and \
-            len(self._unreadable_warned) < _UNREADABLE_WARNED_MAX
-        if first_time:
-            self._unreadable_warned.add(key)
-        logger.log(logging.WARNING if first_time else logging.DEBUG,
-                   "%s: cannot read the records of the batch at offset %d (%s); answering "
-                   "ListOffsets at batch granularity", self.log_path, header.base_offset,
-                   reason)
+        """Remember the batch as unreadable and warn (once: it is not decoded again)."""
+        if len(self._unreadable) >= _UNREADABLE_BATCHES_MAX:
+            del self._unreadable[next(iter(self._unreadable))]
+        self._unreadable[(position, header.crc, DECOMPRESSED_RECORDS_BYTES_MAX)] = None
+        logger.warning("%s: cannot read the records of the batch at offset %d (%s); answering "
+                       "ListOffsets at batch granularity", self.log_path, header.base_offset,
+                       reason)
 
 
 def _batch_epoch(header: BatchHeader) -> int:

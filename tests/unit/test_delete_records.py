@@ -3,23 +3,36 @@
 segment deletion), the leader's low watermark (``LeaderState.low_watermark``), and the
 checkpoint-before-memory order of every writer of the log start (DeleteRecords, retention,
 reset, truncation): a failed checkpoint write changes nothing, so a retry writes it and a
-restart never brings deleted records back."""
+restart never brings deleted records back. The move is one synchronous call (checkpoint,
+memory, unlinks stopping at the first failure, one directory fsync), so DeleteRecords checks
+leadership and moves the start with no await in between."""
 
 from __future__ import annotations
 
 import errno
-import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import trio
 
 import raftlog.partition.log as log_module
+from raftlog.config import ServerConfig
+from raftlog.fetch import codec
+from raftlog.fetch.apis import KafkaApis
+from raftlog.fetch.codec import RequestHeader
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import DELETE_RECORDS
+from raftlog.fetch.server import RequestContext
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
 from raftlog.partition.manager import Partition, PartitionManager
 from raftlog.partition.replica_state import LeaderState
+from raftlog.partition.segment import Segment
 
 T0 = 1_700_000_000_000
 TRANSACTIONAL_FLAG = 0x10
@@ -102,7 +115,7 @@ def test_never_moves_back(tmp_path: Path) -> None:
 
 def test_crash_between_checkpoint_and_deletion(tmp_path: Path) -> None:
     """The checkpoint is written before segments are deleted: a crash in between leaves old
-    segments, which the next open hides below the checkpointed start and retention drops."""
+    segments below the checkpointed start, which the next open deletes."""
     log = three_segment_log(tmp_path)
     log.close()
     (tmp_path / "topic-0" / "log-start-offset").write_text("0\n9\n")
@@ -110,8 +123,8 @@ def test_crash_between_checkpoint_and_deletion(tmp_path: Path) -> None:
     assert reopened.log_start_offset == 9
     with pytest.raises(OffsetOutOfRangeError):
         reopened.read(8, 1000)
-    assert reopened.enforce_retention(T0) == 2
     assert (reopened.log_start_offset, reopened.segment_base_offsets) == (9, [8])
+    assert not (tmp_path / "topic-0" / "00000000000000000004.log").exists()
     reopened.close()
 
 
@@ -130,7 +143,7 @@ def test_open_transaction_below_the_start_does_not_hold_the_lso(tmp_path: Path) 
             partition.log.append(batch(2), leader_epoch=0, now_ms=T0)
         partition.high_watermark = partition.log.log_end_offset
         assert partition.last_stable_offset == 0, "transaction of producer 7 is open"
-        assert await partition.move_log_start_offset(10)
+        assert partition.move_log_start_offset(10)
         assert partition.log.segment_base_offsets == [8]
         assert partition.last_stable_offset == 10
         manager.close()
@@ -167,7 +180,7 @@ def test_failed_checkpoint_changes_nothing_and_a_retry_writes_it(
     the start survives a restart (the review's finding: memory moved, disk did not, the
     retry answered NONE without writing, and records 0-5 came back after a restart)."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "_store_checkpoint", _full_disk)
+    monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
     with pytest.raises(OSError):
         log.advance_log_start_offset(6)
     assert (log.log_start_offset, log.segment_base_offsets) == (0, [0, 4, 8])
@@ -195,7 +208,7 @@ def test_failed_retention_checkpoint_deletes_nothing(
     """Retention checkpoints the new start before it unlinks a segment: a failure leaves
     every segment and the start as they were (it used to unlink first)."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "_store_checkpoint", _full_disk)
+    monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
     with pytest.raises(OSError):
         log.enforce_retention(T0 + 100 * 24 * 3600 * 1000)  # both sealed segments expired
     assert (log.log_start_offset, log.segment_base_offsets) == (0, [0, 4, 8])
@@ -212,7 +225,7 @@ def test_failed_reset_checkpoint_leaves_the_log_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A follower's reset (its end below the leader's start) writes the new start first."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "_store_checkpoint", _full_disk)
+    monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
     with pytest.raises(OSError):
         log.reset_to(20)
     assert not (tmp_path / "topic-0" / "00000000000000000020.log").exists(), "no stray segment"
@@ -252,46 +265,12 @@ def test_partition_refuses_a_start_past_its_high_watermark(tmp_path: Path) -> No
             partition.log.append(batch(2), leader_epoch=0, now_ms=T0)
         partition.high_watermark = 4
         with pytest.raises(OffsetOutOfRangeError):
-            await partition.move_log_start_offset(5)
+            partition.move_log_start_offset(5)
         assert partition.log.log_start_offset == 0
-        assert await partition.move_log_start_offset(4)
+        assert partition.move_log_start_offset(4)
         manager.close()
 
     trio.run(main)
-
-
-class GatedCheckpoint:
-    """Replaces ``_store_checkpoint``: a call from a worker thread waits until ``release``
-    (at most 10 s), so a test can act while a log-start move is in flight; calls from the
-    event loop's thread pass straight through."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.real = log_module._store_checkpoint
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.released_in_time: list[bool] = []
-        self.inflight = 0
-        self.max_inflight = 0
-        self._lock = threading.Lock()
-        monkeypatch.setattr(log_module, "_store_checkpoint", self)
-
-    def __call__(self, directory: Path, log_start_offset: int) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self.real(directory, log_start_offset)
-            return
-        with self._lock:
-            self.inflight += 1
-            self.max_inflight = max(self.max_inflight, self.inflight)
-        try:
-            self.entered.set()
-            self.released_in_time.append(self.release.wait(10))
-            self.real(directory, log_start_offset)
-        finally:
-            with self._lock:
-                self.inflight -= 1
-
-    async def wait_entered(self) -> None:
-        assert await trio.to_thread.run_sync(self.entered.wait, 10), "no move reached its write"
 
 
 def _leader(manager: PartitionManager, configs: dict[str, str] | None = None) -> Partition:
@@ -307,117 +286,162 @@ def _checkpoint(partition: Partition) -> str:
     return (partition.log.directory / "log-start-offset").read_text()
 
 
-def test_a_move_does_not_block_the_event_loop(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeleteRecords and a follower's follow write the checkpoint (fsync, rename, directory
-    fsync) and unlink segments in a worker thread: other tasks run meanwhile."""
-    gate = GatedCheckpoint(monkeypatch)
-
-    async def main() -> None:
-        manager = PartitionManager(tmp_path, node_id=1)
-        partition = _leader(manager)
-        moved: list[bool] = []
-        async with trio.open_nursery() as nursery:
-            async def move() -> None:
-                moved.append(await partition.move_log_start_offset(9))
-            nursery.start_soon(move)
-            await gate.wait_entered()  # this task runs while the checkpoint is being written
-            assert partition.log.log_start_offset == 0, "memory moves only after the write"
-            gate.release.set()
-        assert moved == [True] and gate.released_in_time == [True]
-        assert (partition.log.log_start_offset, partition.log.segment_base_offsets) == (9, [8])
-        assert _checkpoint(partition) == "0\n9\n"
-        manager.close()
-
-    trio.run(main)
 
 
-def test_moves_of_one_partition_are_serialized(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = GatedCheckpoint(monkeypatch)
+def _flaky_delete_of(base_offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_delete = Segment.delete
 
-    async def main() -> None:
-        manager = PartitionManager(tmp_path, node_id=1)
-        partition = _leader(manager)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partition.move_log_start_offset, 9)
-            nursery.start_soon(partition.move_log_start_offset, 6)
-            await gate.wait_entered()
-            await trio.sleep(0.05)  # the second would be in its thread by now if unguarded
-            gate.release.set()
-        assert gate.max_inflight == 1
-        assert partition.log.log_start_offset == 9 and _checkpoint(partition) == "0\n9\n"
-        manager.close()
+    def flaky_delete(self: Segment) -> None:
+        if self.base_offset == base_offset:
+            raise OSError(errno.EIO, "Input/output error")
+        real_delete(self)
 
-    trio.run(main)
+    monkeypatch.setattr(Segment, "delete", flaky_delete)
 
 
-def test_retention_keeps_off_a_partition_while_a_move_is_in_flight(
+def test_a_failed_unlink_stops_the_deletion_and_the_next_open_keeps_the_data(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = GatedCheckpoint(monkeypatch)
-
-    async def main() -> None:
-        manager = PartitionManager(tmp_path, node_id=1)
-        partition = _leader(manager, {"retention.ms": "1000"})  # T0 is long past
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(partition.move_log_start_offset, 6)
-            await gate.wait_entered()
-            assert manager.enforce_retention() == 0, "its checkpoint write would race ours"
-            gate.release.set()
-        assert partition.log.log_start_offset == 6 and _checkpoint(partition) == "0\n6\n"
-        assert manager.enforce_retention() == 1
-        assert partition.log.log_start_offset == 8 and _checkpoint(partition) == "0\n8\n"
-        manager.close()
-
-    trio.run(main)
-
-
-def test_a_reset_during_a_move_wins_on_disk_too(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A follower's reset writes the checkpoint on the event loop while a move's thread is
-    writing its own; whichever rename lands last, the move then sees the other writer and
-    writes the current start again, so disk and memory agree (20, not 6)."""
-    gate = GatedCheckpoint(monkeypatch)
-
-    async def main() -> None:
-        manager = PartitionManager(tmp_path, node_id=1)
-        partition = _leader(manager)
-        moved: list[bool] = []
-        async with trio.open_nursery() as nursery:
-            async def move() -> None:
-                moved.append(await partition.move_log_start_offset(6))
-            nursery.start_soon(move)
-            await gate.wait_entered()
-            partition.reset_to(20)
-            assert _checkpoint(partition) == "0\n20\n"
-            gate.release.set()  # the move's "6" lands after the reset's "20"
-        assert moved == [False]
-        assert partition.log.log_start_offset == 20 and _checkpoint(partition) == "0\n20\n"
-        manager.close()
-
-    trio.run(main)
+    """Review 2: a failed unlink of segment 0 followed by a successful unlink of segment 4
+    left files 0 and 8; the next open took the gap for a torn tail and deleted segment 8,
+    flushed and acknowledged. Now the deletion stops at the first failure (what stays is a
+    contiguous prefix below the start) and the open deletes it."""
+    log = three_segment_log(tmp_path)
+    ticket = log.begin_flush()
+    assert ticket is not None
+    ticket.run()
+    log.complete_flush(ticket)
+    _flaky_delete_of(0, monkeypatch)
+    assert log.advance_log_start_offset(9), "the start moved; the unlink failure is logged"
+    monkeypatch.undo()
+    assert (log.log_start_offset, log.segment_base_offsets) == (9, [8])
+    names = sorted(p.name for p in (tmp_path / "topic-0").glob("*.log"))
+    assert "00000000000000000004.log" in names, "no unlink after a failed one"
+    log.close()
+    reopened = open_log(tmp_path, 2 * len(batch(2)))
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (9, 12)
+    assert reopened.segment_base_offsets == [8]
+    assert sorted(p.name for p in (tmp_path / "topic-0").glob("*.log")) == \
+        ["00000000000000000008.log"], "the prefix below the start is deleted on open"
+    reopened.close()
 
 
-def test_a_truncation_below_a_move_in_flight_undoes_it_on_disk(
+def test_open_deletes_segments_below_the_checkpoint_before_checking_continuity(
+        tmp_path: Path) -> None:
+    """A directory left with a gap below the checkpointed start (segments 0 and 8, start 9:
+    what the old code left after a failed unlink) opens with segment 8 intact."""
+    log = three_segment_log(tmp_path)
+    assert log.advance_log_start_offset(6)
+    log.close()
+    directory = tmp_path / "topic-0"
+    for path in directory.glob("00000000000000000004.*"):
+        path.unlink()
+    (directory / "log-start-offset").write_text("0\n9\n")
+    (directory / "00000000000000000000.log").write_bytes(batch(2) + batch(2))
+    reopened = open_log(tmp_path, 2 * len(batch(2)))
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (9, 12)
+    assert reopened.segment_base_offsets == [8]
+    reopened.close()
+
+
+def test_a_failed_checkpoint_write_leaves_no_temp_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A truncation that does not touch the start writes no checkpoint; the move must still
-    notice the log now ends below its offset and write the current start back."""
-    gate = GatedCheckpoint(monkeypatch)
+    """Review 2: every failed write (ENOSPC in write_all or fsync) left a new uniquely named
+    temp file; a follower retrying every backoff filled the directory."""
+    log = three_segment_log(tmp_path)
+    monkeypatch.setattr(log_module, "write_all", _full_disk)
+    for _ in range(20):
+        with pytest.raises(OSError):
+            log.advance_log_start_offset(4)
+    monkeypatch.undo()
+    assert list((tmp_path / "topic-0").glob("*.tmp")) == []
+    assert log.log_start_offset == 0
+    log.close()
 
+
+def test_the_unlinks_are_made_durable_by_a_directory_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 2: the unlinks waited for the next flush's directory fsync, which an idle
+    partition never runs. One directory fsync now follows them."""
+    log = three_segment_log(tmp_path)
+    directory = tmp_path / "topic-0"
+    real_fsync_directory = log_module.fsync_directory
+    after_unlink: list[bool] = []
+
+    def recording(path: Path) -> None:
+        after_unlink.append(not (directory / "00000000000000000000.log").exists())
+        real_fsync_directory(path)
+
+    monkeypatch.setattr(log_module, "fsync_directory", recording)
+    assert log.advance_log_start_offset(9)
+    assert after_unlink == [False, True], "checkpoint fsync, then one after the unlinks"
+    log.close()
+
+
+def test_a_failed_directory_fsync_after_the_rename_takes_the_log_offline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 2: a failure after the rename left the disk saying 9 while memory kept 0 and
+    a retry fsynced again. Now memory follows the disk and the log goes offline (a failed
+    fsync is never retried); the restart reads whatever survived."""
+    log = three_segment_log(tmp_path)
+
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(log_module, "fsync_directory", failing)
+    with pytest.raises(KafkaStorageError):
+        log.advance_log_start_offset(9)
+    monkeypatch.undo()
+    assert log.offline_reason is not None
+    assert log.log_start_offset == 9, "nothing below the start the disk already says"
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(8, 1000)
+    with pytest.raises(KafkaStorageError):
+        log.advance_log_start_offset(10)
+    log.close()
+
+
+def _delete_records_ctx(body: dict[str, Any]) -> RequestContext:
+    raw = codec.encode_bytes(DELETE_RECORDS, 2, body, is_request=True)
+    decoded = codec.decode(DELETE_RECORDS, 2, raw, is_request=True)
+    return RequestContext(DELETE_RECORDS, RequestHeader(DELETE_RECORDS.key, 2, 1, "t"),
+                          decoded, "peer")
+
+
+def test_delete_records_moves_the_start_in_the_handler_with_its_checks(
+        tmp_path: Path) -> None:
+    """Review 2: DeleteRecords checked leadership in the handler and moved the start later,
+    after awaits, so a partition that had become a follower meanwhile still lost records.
+    Now the check and the move are one synchronous step: once the handler has returned, a
+    role change cannot make it move anything."""
     async def main() -> None:
+        config = ServerConfig.from_properties({"node.id": "1", "log.dirs": str(tmp_path)})
         manager = PartitionManager(tmp_path, node_id=1)
-        partition = _leader(manager)
-        moved: list[bool] = []
-        async with trio.open_nursery() as nursery:
-            async def move() -> None:
-                moved.append(await partition.move_log_start_offset(9))
-            nursery.start_soon(move)
-            await gate.wait_entered()
-            assert partition.truncate_to(7) == 6  # e.g. it became a follower of a new leader
-            gate.release.set()
-        assert moved == [False]
-        assert partition.log.log_start_offset == 0 and _checkpoint(partition) == "0\n0\n"
-        assert partition.log.segment_base_offsets == [0, 4]
+        p0 = _leader(manager)
+        p1 = manager.ensure_partition("t", 1, {"segment.bytes": str(2 * len(batch(2)))},
+                                      leader_epoch=0)
+        for _ in range(6):
+            p1.log.append(batch(2), leader_epoch=0, now_ms=T0)
+        p1.high_watermark = p1.log.log_end_offset
+        p2 = manager.ensure_partition("t", 2, {}, leader_epoch=0)
+        p2.log.append(batch(2), leader_epoch=0, now_ms=T0)
+        p2.high_watermark = 2
+        p2.is_leader = False  # lost leadership before the handler ran
+        apis = KafkaApis(config, cast(Quorum, SimpleNamespace(image=MetadataImage())),
+                         manager)
+        answer = apis.delete_records(_delete_records_ctx({"topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "offset": 6}, {"partition_index": 1, "offset": 6},
+            {"partition_index": 2, "offset": 1}]}], "timeout_ms": 1000}))
+        starts = [p.log.log_start_offset for p in (p0, p1, p2)]
+        p1.is_leader = False  # a role change once the handler has returned
+        p1.leadership_generation += 1
+        if callable(answer):
+            answer = await answer()
+        assert isinstance(answer, dict)
+        assert starts == [6, 6, 0], "moved in the handler, with its checks"
+        assert [p.log.log_start_offset for p in (p0, p1, p2)] == starts
+        assert _checkpoint(p1) == "0\n6\n", "checkpointed before the handler returned"
+        errors = [r["error_code"] for r in answer["topics"][0]["partitions"]]
+        assert errors[2] == ErrorCode.NOT_LEADER_OR_FOLLOWER
         manager.close()
 
     trio.run(main)

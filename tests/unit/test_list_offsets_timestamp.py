@@ -14,15 +14,27 @@ import struct
 import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import cramjam
 import crc32c
 import pytest
 
 import raftlog.partition.segment as segment_module
+from raftlog.config import ServerConfig
+from raftlog.fetch import codec
+from raftlog.fetch.apis import KafkaApis
+from raftlog.fetch.codec import RequestHeader
+from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.schemas import LIST_OFFSETS
+from raftlog.fetch.server import RequestContext
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import RECORD_BATCH_OVERHEAD, parse_header, record_timestamps
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.log import LOG_APPEND_TIME, LogConfig, PartitionLog
+from raftlog.partition.manager import PartitionManager
 from raftlog.partition.segment import TimestampAndOffset
 
 T0 = 1_700_000_000_000
@@ -315,3 +327,51 @@ def test_record_timestamps_checks_offset_deltas_and_count_against_the_header() -
     with pytest.raises(CorruptRecordError, match="offsetDelta 1000"):
         record_timestamps(parse_header(two), _records_section(_batch_with_deltas(
             [0, 1000], [T0 + 1, T0 + 2])))
+
+
+def test_an_unreadable_batch_is_not_decoded_again(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 2: a batch past the decompression cap (or otherwise unreadable) was
+    decompressed again on every lookup, ~200 ms on the event loop each for a bomb. It is now
+    remembered per segment and answered at batch granularity at once."""
+    monkeypatch.setattr(segment_module, "DECOMPRESSED_RECORDS_BYTES_MAX", 64 * 1024)
+    calls: list[int] = []
+    real = segment_module.decompress_records
+
+    def counting(codec: int, data: bytes, *, max_bytes: int | None) -> object:
+        calls.append(codec)
+        return real(codec, data, max_bytes=max_bytes)
+
+    monkeypatch.setattr(segment_module, "decompress_records", counting)
+    log = open_log(tmp_path)
+    log.append(timed_batch([T0 + 1]), leader_epoch=0, now_ms=T0)
+    log.append(_bomb_batch(1024 * 1024), leader_epoch=0, now_ms=T0)
+    for _ in range(3):
+        assert answer(log, T0 + 2) == (1, T0 + 5)
+    assert len(calls) == 1, "decoded once, then remembered"
+    log.close()
+
+
+def test_a_partition_named_twice_is_answered_invalid_request(tmp_path: Path) -> None:
+    """As Kafka (ListOffsetsRequest.duplicatePartitions): every entry of a partition named
+    more than once gets INVALID_REQUEST, so one request cannot repeat a costly lookup; the
+    other partitions are answered as usual."""
+    config = ServerConfig.from_properties({"node.id": "1", "log.dirs": str(tmp_path)})
+    manager = PartitionManager(tmp_path, node_id=1)
+    for index in (0, 1):
+        partition = manager.ensure_partition("t", index, {}, leader_epoch=0)
+        partition.log.append(timed_batch([T0 + 1, T0 + 2]), leader_epoch=0, now_ms=T0)
+        partition.high_watermark = 2
+    apis = KafkaApis(config, cast(Quorum, SimpleNamespace(image=MetadataImage())), manager)
+    entries = [{"partition_index": i, "timestamp": T0 + 2} for i in (0, 1, 0)]
+    raw = codec.encode_bytes(LIST_OFFSETS, 7, {"replica_id": -1, "topics": [
+        {"name": "t", "partitions": entries}]}, is_request=True)
+    body = codec.decode(LIST_OFFSETS, 7, raw, is_request=True)
+    answer = apis.list_offsets(RequestContext(
+        LIST_OFFSETS, RequestHeader(LIST_OFFSETS.key, 7, 1, "c"), body, "peer"))
+    assert isinstance(answer, dict)
+    got = [(r["partition_index"], r["error_code"], r["offset"])
+           for r in answer["topics"][0]["partitions"]]
+    assert got == [(0, ErrorCode.INVALID_REQUEST, -1), (1, ErrorCode.NONE, 1),
+                   (0, ErrorCode.INVALID_REQUEST, -1)]
+    manager.close()

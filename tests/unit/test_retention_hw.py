@@ -7,10 +7,13 @@ rests on that invariant (``follower_can_advance_start``)."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
+import pytest
 import trio
 
+import raftlog.partition.log as log_module
 from raftlog.fetch.apis import follower_can_advance_start
 from raftlog.partition.batch import build_batch
 from raftlog.partition.log import LogConfig, PartitionLog
@@ -109,3 +112,27 @@ def test_follower_fetch_shortcut_only_when_the_follower_can_move() -> None:
                                           leader_high_watermark=6)
     assert not follower_can_advance_start(reported_start=-1, fetch_offset=12, leader_start=8,
                                           leader_high_watermark=12), "Fetch < v5"
+
+
+def test_a_failed_directory_fsync_in_retention_takes_the_log_offline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 2 (finding 8): a failure after the checkpoint's rename left the disk saying the
+    new start while memory kept the old one (and the next check fsynced again). Now the log
+    goes offline with memory following the disk, and the retention check carries on."""
+    async def main() -> None:
+        manager = PartitionManager(tmp_path, node_id=1)
+        partition = _partition(manager, now_ms() - 10 * DAY_MS)
+        partition.high_watermark = 12
+
+        def failing(path: Path) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(log_module, "fsync_directory", failing)
+        assert manager.enforce_retention() == 0, "a warning, not an exception"
+        monkeypatch.undo()
+        assert partition.log.offline_reason is not None
+        assert partition.log.log_start_offset == 8, "memory follows the renamed checkpoint"
+        assert manager.enforce_retention() == 0, "an offline log is left alone"
+        manager.close()
+
+    trio.run(main)
