@@ -751,6 +751,12 @@ class KafkaApis:
                 result["offset"] = partition.high_watermark
         elif request.timestamp == EARLIEST_TIMESTAMP:
             result["offset"] = partition.log.log_start_offset
+            # Kafka (UnifiedLog.fetchOffsetByTimestamp): the epoch of the earliest epoch
+            # entry when it covers the log start, else -1; not the current leader epoch.
+            earliest = partition.log.epoch_cache.earliest_entry
+            result["leader_epoch"] = -1
+            if earliest is not None and earliest.start_offset <= partition.log.log_start_offset:
+                result["leader_epoch"] = earliest.epoch
         elif request.timestamp >= 0 or request.timestamp == MAX_TIMESTAMP:
             # Record-granular, as Kafka: the record's own offset, timestamp and batch epoch.
             found = partition.log.find_max_timestamp() \

@@ -321,11 +321,18 @@ class PartitionLog:
         _remove_leftovers(directory)
         checkpoint = _read_checkpoint(directory)
         segments = _load_segments(directory, config, now_ms, checkpoint)
+        restarted = bool(segments) and checkpoint is not None \
+            and checkpoint > segments[-1].next_offset
+        if restarted:
+            assert checkpoint is not None
+            segments = _restart_at_checkpoint(directory, segments, checkpoint, config)
         if not segments:
             first_offset = 0 if checkpoint is None else checkpoint
             segments = [Segment.create(directory, first_offset, config.index_interval_bytes)]
         log = cls(directory, config, segments, _start_offset(checkpoint, segments))
         log.epoch_cache = log._load_epoch_cache()
+        if restarted:  # no batch is left: no epoch describes any offset (Kafka clears it)
+            log.epoch_cache.clear()
         ticket = log.begin_flush()
         assert ticket is not None, "a freshly opened log has never been synced"
         ticket.run()
@@ -961,8 +968,16 @@ class PartitionLog:
         return True
 
     def _set_log_start_offset(self, offset: int) -> None:
+        """Move the start in memory and trim the epoch cache. A failed write of the trimmed
+        ``leader-epoch-checkpoint`` is logged, not raised: the start is already durable, and
+        a stale epoch file is harmless (``_load_epoch_cache`` trims it to the start)."""
         self._log_start_offset = offset
-        self.epoch_cache.truncate_from_start(offset)
+        try:
+            self.epoch_cache.truncate_from_start(offset)
+        except OSError as error:
+            logger.warning("%s: cannot rewrite the leader-epoch checkpoint for the log start "
+                           "offset %d (%s); the next open trims it", self.directory, offset,
+                           describe_os_error(error))
 
     def _delete_leading_segments(self, count: int, why: str) -> None:
         """Take the first ``count`` segments (all below the checkpointed log start) out of
@@ -998,6 +1013,8 @@ class PartitionLog:
             fsync_directory(self.directory)
         except OSError as error:  # a failed fsync is not retried (see mark_offline)
             self.mark_offline("directory fsync after deleting segments", error)
+        else:  # the next flush need not fsync the directory again
+            self._directory_synced_version = self._directory_version
 
     def _write_checkpoint(self, log_start_offset: int, *, memory_may_follow: bool = False
                           ) -> None:
@@ -1013,10 +1030,12 @@ class PartitionLog:
         try:
             fsync_directory(self.directory)
         except OSError as error:
-            if memory_may_follow:
-                self._set_log_start_offset(log_start_offset)
+            # Offline first: nothing after this may fsync the broken directory again (the
+            # epoch-cache rewrite below would, and its failure must not skip this).
             self.mark_offline(f"directory fsync after writing log start {log_start_offset}",
                               error)
+            if memory_may_follow:
+                self._set_log_start_offset(log_start_offset)  # tolerates an epoch-file error
             raise KafkaStorageError(f"partition {self.name} is offline after an I/O error "
                                     f"({self._offline_reason})") from error
 
@@ -1028,6 +1047,7 @@ class PartitionLog:
         file and the directory. In-flight flush tickets no longer advance flushed_offset.
         """
         assert not self._closed
+        self._check_writable()  # an offline log is neither modified nor fsynced again
         if offset >= self.log_end_offset:
             return self.log_end_offset
         self._check_offset_in_range(offset)
@@ -1065,8 +1085,11 @@ class PartitionLog:
         """Delete every batch and restart the log empty at ``offset`` (Kafka's
         truncateFullyAndStartAt: a follower whose log ends below the leader's log start).
         Blocking: the log-start checkpoint is written first (a failure leaves the log as it
-        was), then the segments are replaced and the directory fsynced."""
+        was), then memory switches to the new segment, then the old segments are unlinked
+        (a failure is logged: the next open deletes what is left) and the directory fsynced
+        (a failure takes the log offline). KafkaStorageError while the log is offline."""
         assert not self._closed and offset >= 0
+        self._check_writable()  # an offline log is neither modified nor fsynced again
         namesake = next((s for s in self._segments if s.base_offset == offset), None)
         created = None
         if namesake is None:  # create first, so a failure leaves the log as it was
@@ -1084,9 +1107,8 @@ class PartitionLog:
         else:
             namesake.truncate_to(offset)  # empties it (fsynced) and reopens it for appends
             new_segment = namesake
-        for segment in self._segments:
-            if segment is not new_segment:
-                segment.delete()
+        # Memory first: whatever fails below, the log is the new empty segment at ``offset``.
+        old_segments = [s for s in self._segments if s is not new_segment]
         self._segments = [new_segment]
         self._log_start_offset = offset
         self._generation += 1
@@ -1094,10 +1116,39 @@ class PartitionLog:
         self._flush_target_offset = offset
         self._first_unflushed_ms = None
         self._directory_version += 1
-        fsync_directory(self.directory)
-        self._directory_synced_version = self._directory_version
-        self.epoch_cache.clear()
+        self._unlink_replaced(old_segments, offset)
+        try:
+            fsync_directory(self.directory)
+        except OSError as error:  # not raised: memory is consistent, the caller follows it
+            self.mark_offline(f"directory fsync after restarting the log at {offset}", error)
+        else:
+            self._directory_synced_version = self._directory_version
+        try:
+            self.epoch_cache.clear()
+        except OSError as error:  # stale entries are trimmed to the log on the next open
+            logger.warning("%s: cannot rewrite the leader-epoch checkpoint after restarting "
+                           "the log at %d (%s)", self.directory, offset,
+                           describe_os_error(error))
         self._check_invariants()
+
+    def _unlink_replaced(self, old_segments: list[Segment], offset: int) -> None:
+        """Unlink the segments ``reset_to`` replaced, oldest first; stop at the first
+        failure and close the rest. The next open deletes what stays: segments below the
+        checkpointed start ``offset`` (``_delete_below_start``) and any after the new empty
+        segment (the gap check in ``_load_segments``). Logged, not raised: memory already
+        holds only the new segment."""
+        for slot, segment in enumerate(old_segments):
+            try:
+                segment.delete()
+            except OSError as error:
+                logger.warning("%s: cannot delete segment %d after restarting the log at %d"
+                               " (%s); it and the %d after it stay on disk until the next "
+                               "open deletes them", self.directory, segment.base_offset,
+                               offset, describe_os_error(error), len(old_segments) - slot - 1)
+                for rest in old_segments[slot:]:
+                    with contextlib.suppress(OSError):
+                        rest.close()
+                return
 
     def close(self) -> None:
         """Close every fd. Does not fsync: flush first if the data must be durable."""
@@ -1296,11 +1347,28 @@ def _read_checkpoint(directory: Path) -> int | None:
     return None
 
 
+def _restart_at_checkpoint(directory: Path, segments: list[Segment], checkpoint: int,
+                           config: LogConfig) -> list[Segment]:
+    """The checkpointed log start is above the recovered log end (relaxed flushing lost an
+    acknowledged-but-unflushed tail that DeleteRecords had already moved the start into, or
+    recovery cut a sealed segment): delete every segment and start the log empty at the
+    checkpoint (Kafka's LogLoader does the same). Lowering the start instead would hand out
+    offsets below the checkpoint again, which the next open would hide or delete, and the
+    start must never move back. A crash in between leaves fewer segments and the same
+    checkpoint, so the next open does this again."""
+    logger.warning("%s: deleting all segments because the log end offset %d is below the "
+                   "checkpointed log start offset %d; the log restarts empty there",
+                   directory, segments[-1].next_offset, checkpoint)
+    for segment in segments:
+        segment.delete()
+    fresh = Segment.create(directory, checkpoint, config.index_interval_bytes)
+    fsync_directory(directory)
+    return [fresh]
+
+
 def _start_offset(checkpoint: int | None, segments: list[Segment]) -> int:
     first_offset = segments[0].base_offset
     start_offset = first_offset if checkpoint is None else max(checkpoint, first_offset)
-    end_offset = segments[-1].next_offset
-    if start_offset > end_offset:
-        logger.warning("log start offset %d is past the log end %d", start_offset, end_offset)
-        start_offset = end_offset
+    # _restart_at_checkpoint: a checkpoint above the recovered end is never lowered.
+    assert start_offset <= segments[-1].next_offset, (start_offset, segments[-1].next_offset)
     return start_offset

@@ -524,8 +524,11 @@ class PartitionManager:
             try:
                 # Bounded by this replica's HW (a leader's or a follower's own), so the
                 # log start never passes it (Kafka's deletableSegments).
-                deleted += partition.log.enforce_retention(now_ms(), partition.high_watermark)
+                count = partition.log.enforce_retention(now_ms(), partition.high_watermark)
                 partition.txns.drop_segments_below(partition.log.segment_base_offsets)
+                deleted += count
+                if count:  # the log start moved: wake fetches waiting on it (as DeleteRecords)
+                    self.note_role_change(partition)
             except OSError as error:  # retried at the next check
                 log.warning("partition %s-%d: retention failed: %s", partition.topic,
                             partition.index, describe_os_error(error))

@@ -40,6 +40,7 @@ from raftlog.partition.batch import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from raftlog.partition.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from raftlog.partition.errors import PartitionLogError, UnexpectedOffsetError
 from raftlog.partition.files import write_atomically
+from raftlog.partition.log import KafkaStorageError
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 from raftlog.partition.replica_state import LeaderState, PendingIsr
 from raftlog.txn.producer_state import headers_in
@@ -634,8 +635,8 @@ class LeaderFetcher:
                 partition = assignment.partition
                 if partition.log.latest_epoch == UNDEFINED_EPOCH:
                     # No epochs (an empty log): nothing can have diverged beyond the HW.
-                    self._truncate(assignment, partition.high_watermark)
-                    assignment.needs_truncation = False
+                    if self._truncate(assignment, partition.high_watermark):
+                        assignment.needs_truncation = False
                 else:
                     asking.append(assignment)
             if not asking:
@@ -686,25 +687,42 @@ class LeaderFetcher:
                 done = False
             else:
                 target = min(own_end, leader_end, end)
-        self._truncate(assignment, target)
+        if not self._truncate(assignment, target):
+            return False  # backed off; validated again after the backoff
         if done or partition.log.latest_epoch == UNDEFINED_EPOCH:
             assignment.needs_truncation = False
             return False
         return True
 
-    def _truncate(self, assignment: FollowerAssignment, offset: int) -> None:
+    def _truncate(self, assignment: FollowerAssignment, offset: int) -> bool:
+        """Cut the log back to ``offset``; False (the partition backed off, still needing
+        truncation) when its log is offline after an I/O error."""
         partition = assignment.partition
         log_ = partition.log
         if offset >= log_.log_end_offset:
-            return
+            return True
         log.info("partition %s-%d: truncating from %d to %d (leader %d, epoch %d)",
                  partition.topic, partition.index, log_.log_end_offset, offset,
                  assignment.leader_id, assignment.leader_epoch)
-        if offset < log_.log_start_offset:
-            partition.reset_to(offset)
-        else:
-            partition.truncate_to(offset)
+        try:
+            if offset < log_.log_start_offset:
+                partition.reset_to(offset)
+            else:
+                partition.truncate_to(offset)
+        except KafkaStorageError as exc:
+            self._back_off_offline(assignment, "truncate", exc)
+            return False
         self.manager.note_role_change(partition)
+        return True
+
+    def _back_off_offline(self, assignment: FollowerAssignment, operation: str,
+                          exc: KafkaStorageError) -> None:
+        """The partition's log is offline (a restart recovers it): log it and retry only
+        after the backoff, so an offline partition neither spins nor stalls the others."""
+        partition = assignment.partition
+        log.warning("partition %s-%d: cannot %s: %s; retrying after %d ms", partition.topic,
+                    partition.index, operation, exc, self.settings.fetch_backoff_ms)
+        assignment.delayed_until = trio.current_time() + self.settings.fetch_backoff_ms / 1000
 
     # --- fetching --------------------------------------------------------------------------
 
@@ -850,7 +868,11 @@ class LeaderFetcher:
         elif earliest > end:
             log.warning("partition %s-%d: log end %d is below the leader's log start %d; "
                         "starting over there", partition.topic, partition.index, end, earliest)
-            partition.reset_to(earliest)
+            try:
+                partition.reset_to(earliest)
+            except KafkaStorageError as exc:
+                self._back_off_offline(assignment, f"restart the log at {earliest}", exc)
+                return
             self.manager.note_role_change(partition)
         else:  # in range again (retention or an append raced the fetch): retry shortly
             assignment.delayed_until = trio.current_time() + self.settings.fetch_backoff_ms / 1000
