@@ -128,3 +128,14 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         process.stop()
         if os.environ.get("RAFTLOG_SHOW_BROKER_LOG"):
             print(process.log_path.read_text())
+
+
+@pytest.fixture
+def fast_retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker whose retention pass runs every 200 ms (log.retention.check.interval.ms)."""
+    process = BrokerProcess(tmp_path, extra_properties={"log.retention.check.interval.ms": "200"})
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -300,16 +298,6 @@ def test_segment_roll_is_invisible_to_clients(broker: BrokerProcess) -> None:
         start_broker(broker)
     assert segment_files(broker, topic) == segments
     assert_clean_log(broker)
-
-
-@pytest.fixture
-def fast_retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path, extra_properties={"log.retention.check.interval.ms": "200"})
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def test_retention_deletes_old_segments_through_protocol(

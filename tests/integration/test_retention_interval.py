@@ -4,10 +4,6 @@ deletes expired segments within seconds, where its 30 s default would not have r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from raftlog.partition.batch import build_batch
 from tests.integration.conftest import BrokerProcess
@@ -25,16 +21,6 @@ HOUR_MS = 3_600_000
 # Generous for a loaded machine, yet well inside the 30 s a default broker waits before its
 # first check (the broker starts before the wait begins, so ignoring the property fails).
 DELETION_WAIT_S = 15.0
-
-
-@pytest.fixture
-def fast_retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path, extra_properties={"log.retention.check.interval.ms": "200"})
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def test_short_check_interval_deletes_expired_segments(

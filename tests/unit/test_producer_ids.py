@@ -46,13 +46,13 @@ from raftlog.metadata.quorum import (
     LocalQuorum,
     NotControllerError,
     ProposalTimeoutError,
-    QuorumStatus,
 )
 from raftlog.metadata.records import ProducerIdBlock, Record
-from raftlog.metadata.state import ApplyResult, MetadataImage, MetadataStateMachine
+from raftlog.metadata.state import ApplyResult, MetadataStateMachine
 from raftlog.partition.manager import PartitionManager
 from raftlog.txn.apis import EPOCH_EXHAUSTED, ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
+from tests.unit.test_controller_service import SwitchableQuorum
 
 
 class FakeAllocator:
@@ -186,7 +186,7 @@ WAIT_S: Final = 10.0
 Script = list[ApplyResult | Exception]
 
 
-class InterposedQuorum:
+class InterposedQuorum(SwitchableQuorum):
     """A real ``LocalQuorum`` with a hook in front of ``ProducerIdBlock`` proposals.
 
     ``rivals`` blocks are committed straight to the inner quorum just before the next
@@ -196,33 +196,15 @@ class InterposedQuorum:
     """
 
     def __init__(self, inner: LocalQuorum) -> None:
-        self.inner = inner
-        self.ready = True
+        super().__init__(inner)
         self.rivals = 0
         self.script: Script = []
         self.blocks: list[tuple[ProducerIdBlock, str | None]] = []
 
-    @property
-    def image(self) -> MetadataImage:
-        return self.inner.image
-
-    @property
-    def controller_ready(self) -> bool:
-        return self.ready and self.inner.controller_ready
-
-    @property
-    def leader_node_id(self) -> int | None:
-        return self.inner.leader_node_id if self.ready else None
-
-    def status(self) -> QuorumStatus:
-        return self.inner.status()
-
     async def propose(self, record: Record, *, expected_version: int | None = None,
                       request_id: str | None = None,
                       timeout_s: float = PROPOSE_TIMEOUT_S_DEFAULT) -> ApplyResult:
-        if not self.ready:
-            raise NotControllerError("switched off by the test")
-        if isinstance(record, ProducerIdBlock):
+        if self.ready and isinstance(record, ProducerIdBlock):
             self.blocks.append((record, request_id))
             if self.script:
                 outcome = self.script.pop(0)
@@ -233,14 +215,8 @@ class InterposedQuorum:
                 self.rivals -= 1
                 rival = ProducerIdBlock(self.inner.image.next_producer_id, 1000, CONTROLLER_ID)
                 assert (await self.inner.propose(rival)).ok
-        return await self.inner.propose(record, expected_version=expected_version,
-                                        request_id=request_id, timeout_s=timeout_s)
-
-    async def wait_for_version(self, version: int, timeout_s: float) -> MetadataImage:
-        return await self.inner.wait_for_version(version, timeout_s)
-
-    async def wait_changed(self, since_version: int, timeout_s: float) -> MetadataImage:
-        return await self.inner.wait_changed(since_version, timeout_s)
+        return await super().propose(record, expected_version=expected_version,
+                                     request_id=request_id, timeout_s=timeout_s)
 
 
 @dataclass
