@@ -18,6 +18,7 @@ removed. The broker never looks inside subscription or assignment bytes.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ DEAD = "Dead"
 GROUP_MIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's group.min.session.timeout.ms default
 GROUP_MAX_SESSION_TIMEOUT_MS = 1_800_000  # group.max.session.timeout.ms
 OFFSET_METADATA_MAX_BYTES = 4096  # offset.metadata.max.bytes
+
+log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 TopicPartition = tuple[str, int]
@@ -237,7 +240,8 @@ class GroupCoordinator:
             return self._join_body(group, member, leader_view=False)
         member.join_token = token
         if group.state != PREPARING_REBALANCE:
-            self._prepare_rebalance(group, now_ms)
+            reason = "metadata changed" if changed else "the leader rejoined"
+            self._prepare_rebalance(group, now_ms, f"member {member.member_id}: {reason}")
         self._maybe_complete_join(group, now_ms)
         return None
 
@@ -260,7 +264,7 @@ class GroupCoordinator:
             group.initial_delay_until_ms = min(now_ms + self.initial_rebalance_delay_ms,
                                                group.initial_delay_limit_ms)
         if group.state != PREPARING_REBALANCE:
-            self._prepare_rebalance(group, now_ms)
+            self._prepare_rebalance(group, now_ms, f"member {member.member_id} joined")
         self._maybe_complete_join(group, now_ms)
         return None
 
@@ -269,7 +273,10 @@ class GroupCoordinator:
         common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
         return bool(names & common)
 
-    def _prepare_rebalance(self, group: Group, now_ms: int) -> None:
+    def _prepare_rebalance(self, group: Group, now_ms: int, reason: str) -> None:
+        # Kafka logs every transition at INFO: operators read rebalances off these lines.
+        log.info("preparing to rebalance group %s in state %s with old generation %d "
+                 "(reason: %s)", group.group_id, group.state, group.generation, reason)
         if group.state == COMPLETING_REBALANCE:
             for member in group.members.values():
                 member.assignment = b""
@@ -292,6 +299,8 @@ class GroupCoordinator:
 
     def _complete_join(self, group: Group, now_ms: int) -> None:
         for member in [m for m in group.members.values() if m.join_token is None]:
+            log.info("member %s of group %s did not rejoin within the rebalance timeout: "
+                     "removed", member.member_id, group.group_id)
             self._remove(group, member)
         group.pending.clear()
         group.generation += 1
@@ -307,6 +316,9 @@ class GroupCoordinator:
         if group.leader not in group.members:
             group.leader = first.member_id
         group.state = COMPLETING_REBALANCE
+        log.info("stabilized group %s generation %d (protocol %s, %d members, leader %s)",
+                 group.group_id, group.generation, group.protocol, len(group.members),
+                 group.leader)
         for member in group.members.values():
             token = member.join_token
             member.join_token = None
@@ -348,6 +360,8 @@ class GroupCoordinator:
         if member_id == group.leader:
             for m in group.members.values():
                 m.assignment = bytes(assignments.get(m.member_id, b""))
+            log.info("assignment received from leader %s of group %s for generation %d",
+                     member_id, group.group_id, group.generation)
             group.state = STABLE
             group.state_timestamp_ms = now_ms
             self._persist_group(group, tuple(m.sync_token for m in group.members.values()
@@ -399,7 +413,7 @@ class GroupCoordinator:
                 codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
                 continue
             codes.append(ErrorCode.NONE)
-            self._after_removal(group, now_ms)
+            self._after_removal(group, now_ms, f"member {member_id} left the group")
         return codes
 
     def _remove(self, group: Group, member: Member) -> None:
@@ -419,9 +433,9 @@ class GroupCoordinator:
             self.outbox.append((member.sync_token, _sync_body(error)))
             member.sync_token = None
 
-    def _after_removal(self, group: Group, now_ms: int) -> None:
+    def _after_removal(self, group: Group, now_ms: int, reason: str) -> None:
         if group.state in (STABLE, COMPLETING_REBALANCE):
-            self._prepare_rebalance(group, now_ms)
+            self._prepare_rebalance(group, now_ms, reason)
         self._maybe_complete_join(group, now_ms)
 
     def _fenced(self, group: Group, member_id: str, instance_id: str | None) -> bool:
@@ -444,7 +458,8 @@ class GroupCoordinator:
             for member in expired:
                 if member.member_id in group.members:
                     self._remove(group, member)
-                    self._after_removal(group, now_ms)
+                    self._after_removal(group, now_ms, f"member {member.member_id} failed: "
+                                        f"no heartbeat within {member.session_timeout_ms} ms")
             if group.state == PREPARING_REBALANCE and group.rebalance_deadline_ms is not None \
                     and group.rebalance_deadline_ms <= now_ms \
                     and group.initial_delay_until_ms is None:
@@ -633,7 +648,8 @@ class GroupCoordinator:
         if group is not None and current and group.state == STABLE:
             for member in group.members.values():
                 member.assignment = b""
-            self._prepare_rebalance(group, now_ms)
+            self._prepare_rebalance(group, now_ms, f"writing the group metadata failed "
+                                    f"(error {error})")
             self._maybe_complete_join(group, now_ms)
 
     def _undo_replacement(self, group: Group | None, old: Member, new: Member,

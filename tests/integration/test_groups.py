@@ -10,6 +10,7 @@ everything, committed offsets across a restart, and Kafka's error codes for bad 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -119,21 +120,86 @@ class _ConfluentMembers(_Members):
             self.remove(0)
 
 
-class _KafkaPythonMembers(_ConfluentMembers):
+class _KafkaPythonMember:
+    """One kafka-python consumer polled continuously by its own thread, as applications run
+    it; the thread publishes each poll's records and the assignment it then held."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.lock = threading.Lock()
+        self.records: list[tuple[int, int]] = []
+        self.assignment: list[int] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                batch = self.consumer.poll(timeout_ms=100)
+                assignment = sorted(tp.partition for tp in self.consumer.assignment())
+                with self.lock:
+                    for tp, messages in batch.items():
+                        self.records.extend((tp.partition, m.offset) for m in messages)
+                    self.assignment = assignment
+        except BaseException as exc:  # reported by the test thread
+            self.error = exc
+        finally:
+            self.consumer.close()  # from its own thread: kafka-python is not thread-safe
+
+    def take(self) -> tuple[list[tuple[int, int]], list[int]]:
+        if self.error is not None:
+            raise AssertionError(f"kafka-python consumer failed: {self.error!r}")
+        with self.lock:
+            records, self.records = self.records, []
+            return records, self.assignment
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "a kafka-python consumer did not close in 60 s"
+
+
+class _KafkaPythonMembers(_Members):
+    """kafka-python consumers, one thread each. One thread polling all of them in turn (20 ms
+    each) livelocks kafka-python 3.0.12: a JoinGroup that completes while its consumer is
+    outside poll() is thrown away (``ensure_active_group_async`` starts a new join when the
+    old task is done), so the next poll() joins again; from the group leader that starts a new
+    rebalance (as Kafka does for a leader's JoinGroup), over and over."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.args = (bootstrap, topic, group)
+        self.members: list[_KafkaPythonMember] = []
+        self.views: list[list[int]] = []
+
     def add(self) -> None:
         from kafka import KafkaConsumer
 
         bootstrap, topic, group = self.args
-        self.consumers.append(KafkaConsumer(
+        self.members.append(_KafkaPythonMember(KafkaConsumer(
             topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-            session_timeout_ms=6000, heartbeat_interval_ms=300))
+            session_timeout_ms=6000, heartbeat_interval_ms=300)))
+
+    def remove(self, index: int) -> None:
+        self.members.pop(index).close()
 
     def poll(self) -> list[tuple[int, int]]:
+        time.sleep(0.02)
         out: list[tuple[int, int]] = []
-        for consumer in self.consumers:
-            for tp, messages in consumer.poll(timeout_ms=20).items():
-                out.extend((tp.partition, m.offset) for m in messages)
+        self.views = []
+        for member in self.members:
+            records, assignment = member.take()
+            out.extend(records)
+            self.views.append(assignment)
         return out
+
+    def assignments(self) -> list[list[int]]:
+        return [list(view) for view in self.views]
+
+    def close(self) -> None:
+        while self.members:
+            self.remove(0)
 
 
 class _AiokafkaMembers(_Members):
@@ -209,14 +275,16 @@ def _rebalanced(members: _Members, bootstrap: str, group: str, sizes: list[int],
     partition has exactly one owner, and the coordinator's stored assignment says the same;
     then keeps polling for SETTLE_S and requires that to stay true on every poll."""
     deadline = time.monotonic() + TIMEOUT_S
+    broker_view: tuple[str, list[list[int]]] | None = None
     while True:
         seen.extend(members.poll())
         client_view = members.assignments()
         if sorted(map(len, client_view)) == sorted(sizes) and _exactly_one_owner(client_view):
-            state, stored = _broker_assignments(bootstrap, group)
-            if state == "Stable" and stored == sorted(client_view):
+            broker_view = _broker_assignments(bootstrap, group)
+            if broker_view == ("Stable", sorted(client_view)):
                 break
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {client_view}"
+        assert time.monotonic() < deadline, (
+            f"timed out waiting for {what}: clients {client_view}, coordinator {broker_view}")
     settled_until = time.monotonic() + SETTLE_S
     while time.monotonic() < settled_until:
         seen.extend(members.poll())

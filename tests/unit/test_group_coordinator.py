@@ -4,8 +4,10 @@ join/sync/heartbeat/leave/session expiry, and the offsets-log record format."""
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -110,6 +112,33 @@ def test_rebalance_waits_for_all_members_or_the_timeout() -> None:
     answers = _answers(core)
     assert answers[3]["generation_id"] == 2
     assert list(core.groups[G].members) == [answers[3]["member_id"]]
+
+
+def test_stable_rejoin_rebalances_only_for_the_leader(caplog: pytest.LogCaptureFixture) -> None:
+    """As Kafka: a follower's JoinGroup with unchanged metadata in a Stable group gets the
+    current generation back; the leader's starts a rebalance (it may have seen topic metadata
+    change). Each transition is logged at INFO with its reason, for operators."""
+    caplog.set_level(logging.INFO, logger="raftlog.group.coordinator")
+    core = _core()
+    _join(core, 1)
+    leader = _answers(core)[1]["member_id"]
+    _join(core, 2)  # a second member: the leader must rejoin
+    _join(core, 3, member=leader)
+    joined = _answers(core)
+    follower = joined[2]["member_id"]
+    assert joined[3]["leader"] == leader and joined[2]["generation_id"] == 2
+    core.sync(4, G, 2, follower, instance_id=None, assignments={}, now_ms=0)
+    core.sync(5, G, 2, leader, instance_id=None, assignments={follower: b"f", leader: b"l"},
+              now_ms=0)
+    assert core.groups[G].state == STABLE
+    again = _join(core, 6, member=follower, now=10)
+    assert again["generation_id"] == 2 and core.groups[G].state == STABLE
+    assert _join(core, 7, member=leader, now=20) is None
+    assert core.groups[G].state == PREPARING_REBALANCE
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("stabilized group group generation 2" in m for m in messages)
+    assert any("assignment received from leader" in m for m in messages)
+    assert any(f"member {leader}: the leader rejoined" in m for m in messages)
 
 
 def test_session_timeout_evicts_and_triggers_rebalance() -> None:
