@@ -24,16 +24,18 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 from jepsen.nemesis import parse_kinds
-from jepsen.runner import WORKLOADS, TestOptions, run_test
+from jepsen.runner import WORKLOADS, TestOptions, on_sigterm, run_test
 
 OptionsFactory = Callable[[argparse.Namespace, str, str, int], TestOptions]
 Clock = Callable[[], float]
@@ -370,6 +372,70 @@ def _run_one(opts: TestOptions, keep_store: str, now: Clock) -> dict[str, Any]:
     return row
 
 
+def _campaign_options(args: argparse.Namespace, make_options: OptionsFactory, triple: Triple,
+                      now: Clock) -> TestOptions:
+    workload, nemesis, seed = triple
+    opts = make_options(args, workload, nemesis, seed)
+    opts.progress = False
+    opts.name = (f"{workload}-{nemesis.replace(',', '+')}-s{seed}-"
+                 f"{datetime.fromtimestamp(now(), UTC).strftime('%Y%m%dT%H%M%S')}")
+    return opts
+
+
+def _wait_some(futures: list[Future[dict[str, Any]]]) -> set[Future[dict[str, Any]]]:
+    """The finished ones among ``futures``, waiting in short slices so that SIGINT (which
+    Python delivers between bytecodes of the main thread) is seen within a second."""
+    while True:
+        done, _ = wait(futures, timeout=1.0, return_when=FIRST_COMPLETED)
+        if done:
+            return done
+
+
+def _label(triple: Triple) -> str:
+    workload, nemesis, seed = triple
+    return f"{workload} {nemesis} seed {seed}"
+
+
+def _run_parallel(todo: Sequence[Triple], workers: int,
+                  next_run: Callable[[int], TestOptions | None], keep_store: str, now: Clock,
+                  record: Callable[[Triple, dict[str, Any]], None]) -> bool:
+    """Runs ``todo`` on ``workers`` threads (each run's nodes are separate processes in their
+    own namespaces, so runs do not share anything but the CPU). Returns True when stopped by
+    SIGINT. Python cannot interrupt a worker thread, so SIGINT starts nothing more and lets
+    the runs in flight finish (one run's length) and be recorded."""
+    in_flight: dict[Future[dict[str, Any]], Triple] = {}
+    index, stopping, interrupted = 0, False, False
+    # run_test sets these only on the main thread; here the main thread waits and must see
+    # them (SIGINT is inherited as ignored by jobs started in the background).
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="campaign")
+    try:
+        while True:
+            while not stopping and index < len(todo) and len(in_flight) < workers:
+                opts = next_run(index)
+                if opts is None:
+                    stopping = True
+                    break
+                in_flight[pool.submit(_run_one, opts, keep_store, now)] = todo[index]
+                index += 1
+            if not in_flight:
+                return interrupted
+            try:
+                done = _wait_some(list(in_flight))
+            except KeyboardInterrupt:
+                print(f"interrupted; finishing the {len(in_flight)} runs in flight (about "
+                      "one run's length), then stopping", file=sys.stderr, flush=True)
+                stopping = interrupted = True
+                continue
+            for future in done:
+                record(in_flight.pop(future), future.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
+
+
 def run_campaign(args: argparse.Namespace, make_options: OptionsFactory,
                  now: Clock = time.time) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
@@ -395,28 +461,39 @@ def run_campaign(args: argparse.Namespace, make_options: OptionsFactory,
                                    if retried else ""), file=sys.stderr, flush=True)
     write(out, state)
     keep_store = getattr(args, "keep_store", "invalid")
+    workers = max(1, int(getattr(args, "workers", 1) or 1))
     code = code_under_test()
-    for index, (workload, nemesis, seed) in enumerate(todo):
+
+    def record(triple: Triple, row: dict[str, Any]) -> None:
+        row["code"] = code
+        _record(state, row)
+        print(f"    {_label(triple)} -> {row['valid']} {row.get('counts', row.get('error'))} "
+              f"{row['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
+        write(out, state)
+
+    def next_run(index: int) -> TestOptions | None:
+        """The options of run ``index`` of ``todo``, or None when it would pass the
+        deadline."""
         expected_s = expected_run_s(state["runs"], args.time_limit)
         if deadline_s is not None and now() + expected_s > deadline_s:
             print(f"deadline: not starting the {len(todo) - index} remaining runs (a run "
                   f"takes about {expected_s:.0f} s)", file=sys.stderr, flush=True)
-            break
-        opts = make_options(args, workload, nemesis, seed)
-        opts.progress = False
-        opts.name = (f"{workload}-{nemesis.replace(',', '+')}-s{seed}-"
-                     f"{datetime.fromtimestamp(now(), UTC).strftime('%Y%m%dT%H%M%S')}")
-        print(f"[{index + 1}/{len(todo)}] {workload} {nemesis} seed {seed}",
-              file=sys.stderr, flush=True)
-        try:
-            row = _run_one(opts, keep_store, now)
-        except KeyboardInterrupt:
-            print("interrupted; the table has every finished run, rerun the same command "
-                  "to resume", file=sys.stderr)
+            return None
+        print(f"[{index + 1}/{len(todo)}] {_label(todo[index])}", file=sys.stderr, flush=True)
+        return _campaign_options(args, make_options, todo[index], now)
+
+    try:
+        if workers == 1:
+            # On this thread, so that SIGINT interrupts the run itself (it cleans up).
+            for index in range(len(todo)):
+                opts = next_run(index)
+                if opts is None:
+                    break
+                record(todo[index], _run_one(opts, keep_store, now))
+        elif _run_parallel(todo, workers, next_run, keep_store, now, record):
             return 130
-        row["code"] = code
-        _record(state, row)
-        print(f"    -> {row['valid']} {row.get('counts', row.get('error'))} "
-              f"{row['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
-        write(out, state)
+    except KeyboardInterrupt:
+        print("interrupted; the table has every finished run, rerun the same command "
+              "to resume", file=sys.stderr)
+        return 130
     return 1 if any(r["valid"] is False for r in state["runs"]) else 0

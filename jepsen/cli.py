@@ -64,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-store", choices=("invalid", "all"), default="invalid",
                    help="invalid: shrink the store dir of a valid run to results.json and "
                         "history.jsonl.gz (others keep logs and plots); all: keep everything")
+    c.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="runs at once (each its own cluster and namespaces); 2 on a 2-core "
+                        "box roughly doubles the runs per hour, and loads the nodes more")
     c.add_argument("--no-retry-errors", dest="retry_errors", action="store_false",
                    help="on resume, do not rerun runs that hit a harness error")
     _test_args(c)

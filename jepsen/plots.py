@@ -73,10 +73,9 @@ def run_stats(history: History) -> dict[str, Any]:
 def write_plots(history: History, directory: Path) -> list[str]:
     """Write ``latency-raw.png`` and ``rate.png``; returns their file names."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # Figure objects, not pyplot: pyplot's global figure registry is not thread-safe and
+        # campaign workers plot concurrently.
+        from matplotlib.figure import Figure
     except ImportError:
         return []
     lat = latencies(history)
@@ -90,7 +89,8 @@ def write_plots(history: History, directory: Path) -> list[str]:
                        label=None if kind in seen else kind)
             seen.add(kind)
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.subplots()
     shade(ax)
     markers = {"send": "o", "poll": "s", "txn": "D"}
     for f in sorted({inv.f for inv, _, _ in lat}):
@@ -107,10 +107,10 @@ def write_plots(history: History, directory: Path) -> list[str]:
     ax.legend(fontsize=7, loc="upper left", ncol=3)
     fig.tight_layout()
     fig.savefig(directory / "latency-raw.png", dpi=100)
-    plt.close(fig)
     names.append("latency-raw.png")
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.subplots()
     shade(ax)
     end = int(max((c.time for _, c, _ in lat), default=0) / 1e9) + 1
     for t in ("ok", "info", "fail"):
@@ -126,6 +126,5 @@ def write_plots(history: History, directory: Path) -> list[str]:
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(directory / "rate.png", dpi=100)
-    plt.close(fig)
     names.append("rate.png")
     return names

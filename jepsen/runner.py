@@ -134,7 +134,7 @@ def store_directory(opts: TestOptions) -> Path:
     return path
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
     # Unwind like Ctrl-C: every ``finally`` on the way stops the nodes and the namespaces.
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -147,7 +147,7 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
     run_id = f"{opts.seed}-{directory.name[-6:].replace('.', '')}"
     installed = threading.current_thread() is threading.main_thread()
     if installed:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
         # Also when started in the background (where SIGINT is inherited as ignored).
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     net: Net = choose_net(opts.netns)

@@ -7,6 +7,8 @@ tests of the campaign bookkeeping, the real runs are covered by the smoke and un
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -132,6 +134,39 @@ def test_resume_runs_only_missing_triples_and_retries_harness_errors(
     assert (summary["none"]["valid"], summary["none"]["unknown"]) == (2, 1)
     table = (tmp_path / "camp" / "campaign.md").read_text()
     assert "| queue | kill | 3 / 3 | 3 | 0 | 0 | 0 |" in table
+
+
+def test_workers_run_every_triple_once_and_record_each(fake: FakeRuns, tmp_path: Path) -> None:
+    """--workers 2: runs overlap on two threads; each planned triple runs exactly once, its
+    row (with its own verdict and error) is recorded, and a resume finds nothing left."""
+    overlap: list[int] = []
+    active = [0]
+    lock = threading.Lock()
+
+    def verdict(o: TestOptions) -> Any:
+        with lock:
+            active[0] += 1
+            overlap.append(active[0])
+        time.sleep(0.05)  # long enough for the other worker to start its run
+        with lock:
+            active[0] -= 1
+        return RuntimeError("boom") if (o.nemesis, o.seed) == ("kill", 2) else True
+
+    fake.verdict = verdict
+    common = ("--runs", "3", "--workloads", "queue,txn", "--nemeses", "none,kill")
+    assert _campaign(fake, tmp_path, "--workers", "2", *common) == 0
+    assert sorted(fake.ran) == sorted(campaign.plan_triples(["queue", "txn"], ["none", "kill"],
+                                                            1, 3))
+    assert len(fake.ran) == len(set(fake.ran)) == 12
+    assert max(overlap) == 2
+    rows = _recorded(tmp_path)["runs"]
+    assert len(rows) == 12
+    errors = {(r["workload"], r["nemesis"], r["seed"]) for r in rows if r["valid"] == "error"}
+    assert errors == {("queue", "kill", 2), ("txn", "kill", 2)}
+    fake.ran.clear()
+    fake.verdict = lambda o: True
+    assert _campaign(fake, tmp_path, "--workers", "2", *common) == 0
+    assert sorted(fake.ran) == sorted(errors)  # only the error rows are retried
 
 
 def test_no_retry_errors_keeps_error_rows(fake: FakeRuns, tmp_path: Path) -> None:
