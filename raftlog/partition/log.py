@@ -707,6 +707,7 @@ class PartitionLog:
     def _roll(self) -> None:
         """Seal the active segment (blocking: fsyncs its index files) and start a new one.
         The new file is created first so that a failure leaves the log as it was."""
+        self._remove_stray_namesake(self.log_end_offset)
         new_segment = Segment.create(
             self.directory, self.log_end_offset, self.config.index_interval_bytes
         )
@@ -724,6 +725,17 @@ class PartitionLog:
             raise
         self._segments.append(new_segment)
         self._directory_version += 1
+
+    def _remove_stray_namesake(self, base_offset: int) -> None:
+        """Unlink a segment file named for ``base_offset`` that the log does not hold: the
+        leftover of an unlink that failed in ``reset_to`` (logged there, not fatal). Left in
+        place it would make ``Segment.create`` fail (O_EXCL) at every roll to this offset."""
+        assert all(segment.base_offset != base_offset for segment in self._segments)
+        stray = self.directory / segment_file_name(base_offset, LOG_SUFFIX)
+        if stray.exists():
+            logger.warning("%s: removing %s, a segment the log no longer holds, before "
+                           "rolling to offset %d", self.directory, stray.name, base_offset)
+            stray.unlink()
 
     # --- flush (group commit) --------------------------------------------------------------
 
@@ -1045,6 +1057,7 @@ class PartitionLog:
         Whole batches go: if ``offset`` is inside a batch, that batch is removed too, so the
         new end may be lower than ``offset`` (as in Kafka). Blocking: fsyncs the truncated
         file and the directory. In-flight flush tickets no longer advance flushed_offset.
+        An I/O error takes the log offline (KafkaStorageError).
         """
         assert not self._closed
         self._check_writable()  # an offline log is neither modified nor fsynced again
@@ -1056,13 +1069,15 @@ class PartitionLog:
             # The batch holding the start goes: checkpoint the lower start first, so the disk
             # never claims a start above what the log holds and memory never runs ahead.
             self._write_checkpoint(lowered_start)
-        deleted = False
-        while len(self._segments) > 1 and self._active.base_offset >= offset:
-            self._segments.pop().delete()
-            deleted = True
-        self._active.truncate_to(offset)
-        if deleted:
-            fsync_directory(self.directory)
+        try:
+            self._truncate_segments(offset)
+        except OSError as error:
+            # Memory may now hold fewer segments than the disk, or an untruncated tail: no
+            # more writes or fsyncs until a restart recovers the directory (as Kafka takes a
+            # log directory offline on any I/O error).
+            self.mark_offline(f"truncation to offset {offset}", error)
+            raise KafkaStorageError(f"partition {self.name} is offline after an I/O error "
+                                    f"({self._offline_reason})") from error
         self._generation += 1
         end_offset = self.log_end_offset
         self._flushed_offset = min(self._flushed_offset, end_offset)
@@ -1071,6 +1086,15 @@ class PartitionLog:
         self.epoch_cache.truncate_from_end(end_offset)
         self._check_invariants()
         return end_offset
+
+    def _truncate_segments(self, offset: int) -> None:
+        deleted = False
+        while len(self._segments) > 1 and self._active.base_offset >= offset:
+            self._segments.pop().delete()
+            deleted = True
+        self._active.truncate_to(offset)
+        if deleted:
+            fsync_directory(self.directory)
 
     def _start_after_truncation(self, offset: int) -> int:
         """The log start once ``truncate_to(offset)`` removed the batch holding ``offset``:
@@ -1093,6 +1117,7 @@ class PartitionLog:
         namesake = next((s for s in self._segments if s.base_offset == offset), None)
         created = None
         if namesake is None:  # create first, so a failure leaves the log as it was
+            self._remove_stray_namesake(offset)
             created = Segment.create(self.directory, offset, self.config.index_interval_bytes)
         try:
             self._write_checkpoint(offset)

@@ -26,7 +26,7 @@ from raftlog.fetch.schemas import LIST_OFFSETS
 from raftlog.fetch.server import RequestContext
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.quorum import Quorum
-from raftlog.partition.batch import build_batch
+from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
 from raftlog.partition.manager import PartitionManager, now_ms
@@ -180,6 +180,75 @@ def test_reset_to_keeps_memory_consistent_when_an_unlink_fails(
     log.close()
     log = PartitionLog.open(directory, config, T0)  # the next open deletes the leftovers
     assert (log.log_start_offset, log.log_end_offset, log.segment_base_offsets) == (20, 21, [20])
+    log.close()
+
+
+def test_a_failed_unlink_in_truncate_to_takes_the_log_offline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error half-way through a truncation leaves memory and disk apart: the log goes
+    offline (KafkaStorageError, which the follower backs off on) instead of raising a bare
+    OSError and carrying on; a restart recovers it."""
+    directory = tmp_path / "t-0"
+    config = LogConfig(segment_bytes=3 * len(one()))
+    log = PartitionLog.open(directory, config, T0)
+    for _ in range(10):
+        log.append(one(), leader_epoch=0, now_ms=T0)
+    flush(log)
+    real_delete = Segment.delete
+
+    def delete(segment: Segment) -> None:
+        if segment.base_offset == 6:
+            raise OSError(errno.EIO, "Input/output error")
+        real_delete(segment)
+
+    monkeypatch.setattr(Segment, "delete", delete)
+    with pytest.raises(KafkaStorageError):
+        log.truncate_to(4)
+    monkeypatch.undo()
+    with pytest.raises(KafkaStorageError):
+        log.append(one(), leader_epoch=0, now_ms=T0)
+    log.close()
+    log = PartitionLog.open(directory, config, T0)
+    assert log.log_end_offset >= 4, "nothing below the truncation point is lost"
+    assert log.truncate_to(4) == 4
+    log.append(one(), leader_epoch=1, now_ms=T0)  # rolls cleanly past the old bases
+    log.append(one(), leader_epoch=1, now_ms=T0)
+    log.append(one(), leader_epoch=1, now_ms=T0)
+    assert log.log_end_offset == 7
+    log.close()
+
+
+def test_a_roll_removes_a_stray_segment_of_a_failed_reset_unlink(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """reset_to below the log start (the leader's log starts lower) cannot unlink segment 6:
+    the file stays, above the new start (logged, not fatal). The roll to offset 6 removes it
+    instead of failing on O_EXCL at every roll there, and its old records are never served."""
+    directory = tmp_path / "t-0"
+    config = LogConfig(segment_bytes=3 * len(one()))
+    log = PartitionLog.open(directory, config, T0)
+    for _ in range(10):
+        log.append(one(b"o" * 10), leader_epoch=0, now_ms=T0)
+    assert log.advance_log_start_offset(5)
+    assert log.segment_base_offsets == [3, 6, 9]
+    real_delete = Segment.delete
+
+    def delete(segment: Segment) -> None:
+        if segment.base_offset == 6:
+            raise OSError(errno.EIO, "Input/output error")
+        real_delete(segment)
+
+    monkeypatch.setattr(Segment, "delete", delete)
+    log.reset_to(0)
+    monkeypatch.undo()
+    assert (directory / f"{6:020d}.log").exists()
+    for _ in range(9):
+        log.append(one(), leader_epoch=1, now_ms=T0)
+    assert log.segment_base_offsets == [0, 3, 6]
+    values = []
+    for base in (0, 3, 6):  # a read stays within one segment
+        with log.read(base, 1 << 20) as read:
+            values += [r.value for r in decode_records(read.read_bytes())]
+    assert values == [b"v" * 10] * 9
     log.close()
 
 
