@@ -197,8 +197,16 @@ def header_line(name: str, settings: dict[str, Any], rows: Sequence[dict[str, An
             f"{settings['interval']:.0f} s"
             + (", UNSAFE cluster" if settings["unsafe"] else "")
             + ("" if settings.get("netns", True) else ", no namespaces")
-            + f"; {dates}; wall time {_duration(wall_s)}, mean {mean} s a run; "
-            + f"code under test: {_codes(rows)}.")
+            + f"; {dates}; run time {_duration(wall_s)} summed over runs, mean {mean} s a "
+            + f"run; runs at a time: {_workers(rows)}; code under test: {_codes(rows)}.")
+
+
+def _workers(rows: Sequence[dict[str, Any]]) -> str:
+    """How many runs went at once (``--workers``), with run counts (older rows: 1)."""
+    counts: dict[int, int] = {}
+    for row in rows:
+        counts[row.get("workers", 1)] = counts.get(row.get("workers", 1), 0) + 1
+    return ", ".join(f"{n} ({c})" for n, c in sorted(counts.items())) or "-"
 
 
 def _codes(rows: Sequence[dict[str, Any]]) -> str:
@@ -309,6 +317,15 @@ def _validate(workloads: Sequence[str], nemeses: Sequence[str], runs: int) -> No
         raise CampaignError("--runs must be >= 0")
 
 
+def _validate_workers(workers: int, netns: bool) -> None:
+    if workers < 1:
+        raise CampaignError("--workers must be >= 1")
+    if workers > 1 and (not netns or os.geteuid() != 0):
+        # Without namespaces every run's nodes share 127.0.0.1 and pick free ports
+        # unguarded: a node restarted by one run could land on a port another run took.
+        raise CampaignError("--workers > 1 needs network namespaces (root, without --no-netns)")
+
+
 def _open_state(out: Path, args: argparse.Namespace, plan: Sequence[Triple]) -> dict[str, Any]:
     wanted = settings_of(args)
     state = load(out)
@@ -399,10 +416,12 @@ def _label(triple: Triple) -> str:
 def _run_parallel(todo: Sequence[Triple], workers: int,
                   next_run: Callable[[int], TestOptions | None], keep_store: str, now: Clock,
                   record: Callable[[Triple, dict[str, Any]], None]) -> bool:
-    """Runs ``todo`` on ``workers`` threads (each run's nodes are separate processes in their
-    own namespaces, so runs do not share anything but the CPU). Returns True when stopped by
-    SIGINT. Python cannot interrupt a worker thread, so SIGINT starts nothing more and lets
-    the runs in flight finish (one run's length) and be recorded."""
+    """Runs ``todo`` on ``workers`` threads. Each run has its own nodes (processes in their
+    own namespaces, subnet and nftables tables); the runs share the CPU and this process's
+    GIL (clients, recorder and checker run here), which can slow a run but not change what
+    its checker decides from its own history. Returns True when stopped by SIGINT/SIGTERM:
+    Python cannot interrupt a worker thread, so a signal starts nothing more and lets the
+    runs in flight finish (one run's length) and be recorded."""
     in_flight: dict[Future[dict[str, Any]], Triple] = {}
     index, stopping, interrupted = 0, False, False
     # run_test sets these only on the main thread; here the main thread waits and must see
@@ -412,40 +431,47 @@ def _run_parallel(todo: Sequence[Triple], workers: int,
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="campaign")
     try:
         while True:
-            while not stopping and index < len(todo) and len(in_flight) < workers:
-                opts = next_run(index)
-                if opts is None:
-                    stopping = True
-                    break
-                in_flight[pool.submit(_run_one, opts, keep_store, now)] = todo[index]
-                index += 1
-            if not in_flight:
-                return interrupted
             try:
-                done = _wait_some(list(in_flight))
+                while not stopping and index < len(todo) and len(in_flight) < workers:
+                    opts = next_run(index)
+                    if opts is None:
+                        stopping = True
+                        break
+                    in_flight[pool.submit(_run_one, opts, keep_store, now)] = todo[index]
+                    index += 1
+                if not in_flight:
+                    return interrupted
+                for future in _wait_some(list(in_flight)):
+                    record(in_flight[future], future.result())
+                    del in_flight[future]  # only once recorded: see the finally below
             except KeyboardInterrupt:
-                print(f"interrupted; finishing the {len(in_flight)} runs in flight (about "
-                      "one run's length), then stopping", file=sys.stderr, flush=True)
+                if not interrupted:
+                    print(f"interrupted; finishing the {len(in_flight)} runs in flight "
+                          "(about one run's length), then stopping", file=sys.stderr,
+                          flush=True)
                 stopping = interrupted = True
-                continue
-            for future in done:
-                record(in_flight.pop(future), future.result())
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing may cut the recording short
         pool.shutdown(wait=True, cancel_futures=True)
+        for future, triple in in_flight.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                record(triple, future.result())
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
 
 
 def run_campaign(args: argparse.Namespace, make_options: OptionsFactory,
                  now: Clock = time.time) -> int:
-    workloads = [w for w in args.workloads.split(",") if w]
-    nemeses = [n for n in args.nemeses.split(",") if n]
+    workloads = list(dict.fromkeys(w for w in args.workloads.split(",") if w))
+    nemeses = list(dict.fromkeys(n for n in args.nemeses.split(",") if n))
     start_s = now()
     stamp = datetime.fromtimestamp(start_s, UTC).strftime("%Y%m%dT%H%M%S")
     out: Path = args.out or args.store / f"campaign-{stamp}"
     plan = plan_triples(workloads, nemeses, args.seed, args.runs)
+    workers = int(getattr(args, "workers", 1) or 1)
     try:
         _validate(workloads, nemeses, args.runs)
+        _validate_workers(workers, getattr(args, "netns", True))
         deadline_s = deadline_of(args, start_s)
         out.mkdir(parents=True, exist_ok=True)
         state = _open_state(out, args, plan)
@@ -461,11 +487,15 @@ def run_campaign(args: argparse.Namespace, make_options: OptionsFactory,
                                    if retried else ""), file=sys.stderr, flush=True)
     write(out, state)
     keep_store = getattr(args, "keep_store", "invalid")
-    workers = max(1, int(getattr(args, "workers", 1) or 1))
     code = code_under_test()
 
     def record(triple: Triple, row: dict[str, Any]) -> None:
         row["code"] = code
+        row["workers"] = workers
+        if workers > 1 and row["valid"] != "error" and row.get("net") != "namespaces":
+            # Loopback runs pick free ports on one address: two at once can cross-talk.
+            row.update({"valid": "error", "error": f"network set-up fell back to {row.get('net')} "
+                        f"with --workers {workers}; not counted (rerun on resume)"})
         _record(state, row)
         print(f"    {_label(triple)} -> {row['valid']} {row.get('counts', row.get('error'))} "
               f"{row['elapsed_s']:.0f} s", file=sys.stderr, flush=True)

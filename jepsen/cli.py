@@ -39,6 +39,13 @@ def _test_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m jepsen", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
@@ -64,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-store", choices=("invalid", "all"), default="invalid",
                    help="invalid: shrink the store dir of a valid run to results.json and "
                         "history.jsonl.gz (others keep logs and plots); all: keep everything")
-    c.add_argument("--workers", type=int, default=1, metavar="N",
+    c.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                    help="runs at once (each its own cluster and namespaces); 2 on a 2-core "
                         "box roughly doubles the runs per hour, and loads the nodes more")
     c.add_argument("--no-retry-errors", dest="retry_errors", action="store_false",

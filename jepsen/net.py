@@ -57,8 +57,10 @@ class NetError(RuntimeError):
 
 
 def _run(args: Sequence[str], stdin: str | None = None, check: bool = True) -> str:
+    # Own process group: a Ctrl-C at the terminal must not kill an ``ip``/``nft`` command
+    # half-way (a half-built network, or a partition that never heals, in a run that goes on).
     proc = subprocess.run(list(args), input=stdin, capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT_S, check=False)
+                          timeout=COMMAND_TIMEOUT_S, check=False, process_group=0)
     if check and proc.returncode != 0:
         raise NetError(f"{' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
     return proc.stdout

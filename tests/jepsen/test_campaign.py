@@ -136,9 +136,11 @@ def test_resume_runs_only_missing_triples_and_retries_harness_errors(
     assert "| queue | kill | 3 / 3 | 3 | 0 | 0 | 0 |" in table
 
 
-def test_workers_run_every_triple_once_and_record_each(fake: FakeRuns, tmp_path: Path) -> None:
+def test_workers_run_every_triple_once_and_record_each(
+        fake: FakeRuns, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--workers 2: runs overlap on two threads; each planned triple runs exactly once, its
     row (with its own verdict and error) is recorded, and a resume finds nothing left."""
+    monkeypatch.setattr(campaign.os, "geteuid", lambda: 0)
     overlap: list[int] = []
     active = [0]
     lock = threading.Lock()
@@ -167,6 +169,34 @@ def test_workers_run_every_triple_once_and_record_each(fake: FakeRuns, tmp_path:
     fake.verdict = lambda o: True
     assert _campaign(fake, tmp_path, "--workers", "2", *common) == 0
     assert sorted(fake.ran) == sorted(errors)  # only the error rows are retried
+    table = (tmp_path / "camp" / "campaign.md").read_text()
+    assert "runs at a time: 2 (12)" in table
+
+
+def test_workers_need_namespaces_and_loopback_rows_do_not_count(
+        fake: FakeRuns, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loopback runs share 127.0.0.1 and pick ports unguarded: --workers 2 is refused with
+    --no-netns or without root, and a run that fell back to loopback is an error row."""
+    common = ("--runs", "1", "--workloads", "queue", "--nemeses", "none,kill")
+    monkeypatch.setattr(campaign.os, "geteuid", lambda: 0)
+    assert _campaign(fake, tmp_path, "--workers", "2", "--no-netns", *common) == 2
+    monkeypatch.setattr(campaign.os, "geteuid", lambda: 1000)
+    assert _campaign(fake, tmp_path, "--workers", "2", *common) == 2
+    assert fake.ran == []
+    monkeypatch.setattr(campaign.os, "geteuid", lambda: 0)
+    real = fake.__call__
+
+    def loopback(opts: TestOptions) -> dict[str, Any]:
+        results = real(opts)
+        if opts.nemesis == "kill":
+            results["test"]["net"]["mode"] = "loopback"
+        return results
+
+    monkeypatch.setattr(campaign, "run_test", loopback)
+    assert _campaign(fake, tmp_path, "--workers", "2", *common) == 0
+    rows = {r["nemesis"]: r for r in _recorded(tmp_path)["runs"]}
+    assert rows["none"]["valid"] is True and rows["none"]["workers"] == 2
+    assert rows["kill"]["valid"] == "error" and "loopback" in rows["kill"]["error"]
 
 
 def test_no_retry_errors_keeps_error_rows(fake: FakeRuns, tmp_path: Path) -> None:
