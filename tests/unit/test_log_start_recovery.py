@@ -53,6 +53,18 @@ def eio(*_: object) -> None:
     raise OSError(errno.EIO, "Input/output error")
 
 
+def fail_delete_of(monkeypatch: pytest.MonkeyPatch, base_offset: int) -> None:
+    """Segment ``base_offset`` cannot be unlinked (EIO); the others can."""
+    real_delete = Segment.delete
+
+    def delete(segment: Segment) -> None:
+        if segment.base_offset == base_offset:
+            raise OSError(errno.EIO, "Input/output error")
+        real_delete(segment)
+
+    monkeypatch.setattr(Segment, "delete", delete)
+
+
 def crash_below_checkpoint(directory: Path) -> None:
     """Offsets 0..4 fsynced, 5..9 appended (relaxed flushing), DeleteRecords(8), then a
     power loss drops 5..9: the checkpoint (8) is above the recovered end (5)."""
@@ -161,14 +173,7 @@ def test_reset_to_keeps_memory_consistent_when_an_unlink_fails(
     for _ in range(10):
         log.append(one(), leader_epoch=0, now_ms=T0)
     assert log.segment_base_offsets == [0, 3, 6, 9]
-    real_delete = Segment.delete
-
-    def delete(segment: Segment) -> None:
-        if segment.base_offset == 3:
-            raise OSError(errno.EIO, "Input/output error")
-        real_delete(segment)
-
-    monkeypatch.setattr(Segment, "delete", delete)
+    fail_delete_of(monkeypatch, 3)
     log.reset_to(20)  # a follower below the leader's log start: no exception
     monkeypatch.undo()
     assert (log.log_start_offset, log.log_end_offset, log.segment_base_offsets) == (20, 20, [20])
@@ -194,14 +199,7 @@ def test_a_failed_unlink_in_truncate_to_takes_the_log_offline(
     for _ in range(10):
         log.append(one(), leader_epoch=0, now_ms=T0)
     flush(log)
-    real_delete = Segment.delete
-
-    def delete(segment: Segment) -> None:
-        if segment.base_offset == 6:
-            raise OSError(errno.EIO, "Input/output error")
-        real_delete(segment)
-
-    monkeypatch.setattr(Segment, "delete", delete)
+    fail_delete_of(monkeypatch, 6)
     with pytest.raises(KafkaStorageError):
         log.truncate_to(4)
     monkeypatch.undo()
@@ -230,14 +228,7 @@ def test_a_roll_removes_a_stray_segment_of_a_failed_reset_unlink(
         log.append(one(b"o" * 10), leader_epoch=0, now_ms=T0)
     assert log.advance_log_start_offset(5)
     assert log.segment_base_offsets == [3, 6, 9]
-    real_delete = Segment.delete
-
-    def delete(segment: Segment) -> None:
-        if segment.base_offset == 6:
-            raise OSError(errno.EIO, "Input/output error")
-        real_delete(segment)
-
-    monkeypatch.setattr(Segment, "delete", delete)
+    fail_delete_of(monkeypatch, 6)
     log.reset_to(0)
     monkeypatch.undo()
     assert (directory / f"{6:020d}.log").exists()
