@@ -5,16 +5,17 @@ Jepsen's clock nemesis skews a node's clock. Moving the machine's clock would sk
 with ``RAFTLOG_CLOCK_OFFSET_FILE=<path>`` instead adds the number of seconds written in that
 file (a float, re-read every ``POLL_INTERVAL_S``; a missing or unreadable file means 0) to
 ``time.time()`` and ``time.time_ns()`` for the whole process: exactly the places where the
-node reads wall-clock time (record timestamps, retention, group and offset expiry, broker
-heartbeat times). Monotonic clocks (trio deadlines, session timeouts, Raft timers) stay
-untouched, as they would on a real machine whose wall clock is stepped. Without the variable
-nothing is patched.
+node reads wall-clock time (record timestamps, retention, transaction timeouts, producer-id
+expiry). Monotonic clocks (trio deadlines, broker leases, Raft timers) stay untouched, as they
+would on a real machine whose wall clock is stepped, and so does :class:`SteadyWallClock`
+(group membership timing). Without the variable nothing is patched.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -63,3 +64,21 @@ async def follow_offset_file() -> None:
         if int(offset_s * 1e9) != _offset_ns or time.time is not _time:
             set_offset_s(offset_s)
         await trio.sleep(POLL_INTERVAL_S)
+
+
+class SteadyWallClock:
+    """Epoch milliseconds that never jump: the wall clock read once, then advanced by the
+    monotonic clock only. For deadlines that must survive a stepped wall clock (an NTP step,
+    a Jepsen clock fault) while the timestamps they sit next to still read as dates. Kafka's
+    group coordinator times heartbeats and rebalances with a monotonic clock for the same
+    reason: a forward step would evict every member at once, a backward one would keep a
+    dead member's partitions unassigned for the length of the step."""
+
+    def __init__(self, wall_s: Callable[[], float] | None = None,
+                 monotonic_s: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic_s = monotonic_s
+        wall = (wall_s or time.time)()
+        self._origin_ms = wall * 1000 - monotonic_s() * 1000
+
+    def now_ms(self) -> int:
+        return int(self._origin_ms + self._monotonic_s() * 1000)

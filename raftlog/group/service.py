@@ -18,12 +18,12 @@ API handlers.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import trio
 
+from raftlog.clock import SteadyWallClock
 from raftlog.config import ServerConfig
 from raftlog.fetch.apis import KafkaApis
 from raftlog.fetch.coordinator_apis import CoordinatorLocation
@@ -85,10 +85,6 @@ def partition_for(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> 
     return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class _Waiter:
     def __init__(self) -> None:
         self.event = trio.Event()
@@ -108,8 +104,12 @@ class GroupService:
         forward: Callable[..., Awaitable[Any]] | None = None,
         num_partitions: int = OFFSETS_TOPIC_PARTITIONS,
         core: GroupCoordinator | None = None,
+        clock: SteadyWallClock | None = None,
     ) -> None:
         self.config = config
+        # Membership deadlines, and the commit and state timestamps compared with them, on
+        # one clock that a stepped wall clock cannot move (see SteadyWallClock).
+        self.clock = clock or SteadyWallClock()
         self.quorum = quorum
         self.manager = manager
         self.apis = apis
@@ -128,6 +128,9 @@ class GroupService:
         self._creating = False
         # Offsets in transactions (raftlog.group.txn_offsets): the PendingOffsets seam.
         self.txn_offsets = TxnOffsets(self)
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -207,7 +210,7 @@ class GroupService:
             task_status.started()
             while True:
                 await self._watch_leadership()
-                self.core.tick(_now_ms())
+                self.core.tick(self.now_ms())
                 self._expire_offsets()
                 self._flush_effects()
                 await trio.sleep(WATCH_INTERVAL_S)
@@ -215,7 +218,7 @@ class GroupService:
     def _expire_offsets(self) -> None:
         """offsets.retention.ms, checked every offsets.retention.check.interval.ms; the
         tombstones go out with the next :meth:`_flush_effects`."""
-        now = _now_ms()
+        now = self.now_ms()
         if now < self._next_expiry_check_ms:
             return
         self._next_expiry_check_ms = now + self.config.offsets_retention_check_interval_ms
@@ -260,7 +263,7 @@ class GroupService:
         assert partition is not None
         plog = partition.log
         offset = plog.log_start_offset
-        now = _now_ms()
+        now = self.now_ms()
         loaded = 0
         while offset < plog.log_end_offset:
             with plog.read(offset, LOAD_CHUNK_BYTES, max_offset=plog.log_end_offset) as read:
@@ -350,7 +353,7 @@ class GroupService:
         """Deliver ``outbox``, except the answers vouched for by a record that failed: the
         core turns those into errors (and undoes what they announced)."""
         superseded: set[int] = set()
-        now = _now_ms()
+        now = self.now_ms()
         for persist in persists:
             error = failed.get(self.partition_of(persist.group_id))
             if error is not None:
@@ -369,7 +372,7 @@ class GroupService:
 
     def _append(self, index: int, records: list[tuple[bytes, bytes | None]]
                 ) -> tuple[int, Any]:
-        batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=_now_ms())
+        batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=self.now_ms())
         result, wait = self.apis._append(OFFSETS_TOPIC, index, memoryview(batch), -1)
         return int(result["error_code"]), wait
 
@@ -417,7 +420,7 @@ class GroupService:
             client_id=ctx.header.client_id or "",
             client_host="/" + ctx.peer.rsplit(":", 1)[0],
             require_known_member_id=version >= 4,
-            now_ms=_now_ms(),
+            now_ms=self.now_ms(),
         )
         self._flush_effects()
         if body is not None:
@@ -442,7 +445,7 @@ class GroupService:
             token, request.group_id, request.generation_id, request.member_id,
             instance_id=request.group_instance_id if version >= 3 else None,
             assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
-            now_ms=_now_ms(),
+            now_ms=self.now_ms(),
         )
         self._flush_effects()
         if body is not None:
@@ -463,7 +466,7 @@ class GroupService:
             error = self.core.heartbeat(
                 request.group_id, request.generation_id, request.member_id,
                 instance_id=request.group_instance_id if ctx.header.api_version >= 3 else None,
-                now_ms=_now_ms())
+                now_ms=self.now_ms())
             self._flush_effects()
         return {"throttle_time_ms": 0, "error_code": error}
 
@@ -477,7 +480,7 @@ class GroupService:
         error = self._coordinator_error(request.group_id)
         if error:
             return {"throttle_time_ms": 0, "error_code": error, "members": []}
-        codes = self.core.leave(request.group_id, identities, now_ms=_now_ms())
+        codes = self.core.leave(request.group_id, identities, now_ms=self.now_ms())
         self._flush_effects()
         if version >= 3:
             members = [{"member_id": m, "group_instance_id": i, "error_code": c}
@@ -502,10 +505,10 @@ class GroupService:
         error = self._coordinator_error(group_id)
         if not error:
             error = self.core.validate_commit(group_id, generation, member_id, instance_id,
-                                              _now_ms())
+                                              self.now_ms())
         codes, valid = check_offset_entries(
             request.topics, self.quorum.image.topics, error,
-            self.config.offset_metadata_max_bytes, version >= 6, _now_ms())
+            self.config.offset_metadata_max_bytes, version >= 6, self.now_ms())
         entries: list[Body] = []  # the stored ones: they get the write's outcome below
         for tp, code in codes:
             entry = reply(tp, code)
@@ -531,7 +534,7 @@ class GroupService:
             else:
                 code = ErrorCode.NONE
             if code == ErrorCode.NONE and self._loaded.get(index) == epoch:
-                self.core.apply_commit(group_id, valid, _now_ms())
+                self.core.apply_commit(group_id, valid, self.now_ms())
             elif code == ErrorCode.NONE:
                 code = ErrorCode.NOT_COORDINATOR
             for entry in entries:

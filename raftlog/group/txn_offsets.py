@@ -29,7 +29,6 @@ This object implements ``raftlog.txn.coordinator_service.PendingOffsets``.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -67,10 +66,6 @@ WRITE_TIMEOUT_S = 5.0
 # The verification task answers within VERIFY_TIMEOUT_S; past this margin the commit gives up
 # with a retriable error (and a late answer writes nothing).
 VERIFY_WAIT_S = VERIFY_TIMEOUT_S + 5.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -151,7 +146,7 @@ class TxnOffsets:
         ``index``: apply or drop what the producer staged there."""
         resolved = self.pending.resolve(producer_id, index)
         if commit:
-            now = _now_ms()
+            now = self.service.now_ms()
             for group, offsets in resolved.items():
                 self.service.core.apply_commit(group, offsets, now)
         if resolved:
@@ -226,7 +221,7 @@ class TxnOffsets:
             error = self._check_producer(partition, producer_id, epoch, version, index)
         codes, valid = check_offset_entries(
             request.topics, service.quorum.image.topics, error,
-            service.config.offset_metadata_max_bytes, version >= 2, _now_ms())
+            service.config.offset_metadata_max_bytes, version >= 2, service.now_ms())
         for tp, code in codes:
             entry = reply(tp, code)
             if not code:
@@ -308,7 +303,7 @@ class TxnOffsets:
         service = self.service
         if partition.isr_size < partition.min_insync_replicas:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        now = _now_ms()
+        now = service.now_ms()
         records = service.core.commit_records(group_id, valid)
         batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=now,
                             producer_id=producer_id, producer_epoch=epoch, base_sequence=-1,

@@ -42,3 +42,16 @@ def test_without_the_variable_nothing_is_patched() -> None:
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_steady_wall_clock_moves_only_with_the_monotonic_clock() -> None:
+    from raftlog.clock import SteadyWallClock
+
+    wall = [1_700_000_000.0]
+    mono = [50.0]
+    clock = SteadyWallClock(wall_s=lambda: wall[0], monotonic_s=lambda: mono[0])
+    assert clock.now_ms() == 1_700_000_000_000
+    wall[0] += 3600  # a stepped wall clock changes nothing
+    assert clock.now_ms() == 1_700_000_000_000
+    mono[0] += 1.5
+    assert clock.now_ms() == 1_700_000_001_500
