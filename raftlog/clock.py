@@ -4,11 +4,12 @@ Jepsen's clock nemesis skews a node's clock. Moving the machine's clock would sk
 (and the harness), and libfaketime hangs Python 3.11's threading timeouts, so a node started
 with ``RAFTLOG_CLOCK_OFFSET_FILE=<path>`` instead adds the number of seconds written in that
 file (a float, re-read every ``POLL_INTERVAL_S``; a missing or unreadable file means 0) to
-``time.time()`` and ``time.time_ns()`` for the whole process: exactly the places where the
-node reads wall-clock time (record timestamps, retention, transaction timeouts, producer-id
-expiry). Monotonic clocks (trio deadlines, broker leases, Raft timers) stay untouched, as they
-would on a real machine whose wall clock is stepped, and so does :class:`SteadyWallClock`
-(group membership timing). Without the variable nothing is patched.
+``time.time()`` and ``time.time_ns()`` for the whole process, so every wall-clock reading of
+the node moves (e.g. produced record timestamps, retention, segment.ms, flush.ms, ISR lag,
+transaction timeouts, producer-id expiry). Monotonic clocks (trio deadlines, broker leases,
+Raft timers) stay untouched, as they would on a real machine whose wall clock is stepped; so
+does a :class:`SteadyWallClock` once built (the group coordinator's clock), which takes the
+wall clock only at construction. Without the variable nothing is patched.
 """
 
 from __future__ import annotations

@@ -309,6 +309,7 @@ class GroupCoordinator:
         group.state_timestamp_ms = now_ms
         if not group.members:
             group.state, group.protocol, group.leader = EMPTY, None, None
+            log.info("group %s is empty at generation %d", group.group_id, group.generation)
             self._persist_group(group)
             return
         first = next(iter(group.members.values()))
@@ -555,6 +556,7 @@ class GroupCoordinator:
                                     None))
             expired_total += len(expired)
             if not group.offsets and not kept_back:
+                log.info("group %s is dead: empty and without offsets", group.group_id)
                 del self.groups[group.group_id]
                 self.writes.append((group.group_id, encode_key(GroupKey(group.group_id)), None))
         return expired_total
@@ -679,6 +681,13 @@ class GroupCoordinator:
         if group is None:
             group = self.groups[group_id] = Group(group_id)
         group.offsets[tp] = value
+
+    def restart_sessions(self, group_ids: Iterable[str], now_ms: int) -> None:
+        """Every member of these (just loaded) groups gets a full session from ``now_ms``."""
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            for member in () if group is None else group.members.values():
+                member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
 
     def load_group(self, group_id: str, value: GroupValue | None, now_ms: int) -> None:
         """Replay of one group-metadata record (None: the group was deleted)."""

@@ -265,6 +265,7 @@ class GroupService:
         offset = plog.log_start_offset
         now = self.now_ms()
         loaded = 0
+        groups: set[str] = set()
         while offset < plog.log_end_offset:
             with plog.read(offset, LOAD_CHUNK_BYTES, max_offset=plog.log_end_offset) as read:
                 data = read.read_bytes()
@@ -279,15 +280,19 @@ class GroupService:
                 elif not header.is_control:
                     for record in decode_records(data[position:end]):
                         if record.offset >= offset:
-                            self._replay(record.key, record.value, now)
+                            self._replay(record.key, record.value, now, groups)
                             loaded += 1
                 offset = max(offset, header.next_offset)
                 position = end
             await trio.lowlevel.checkpoint()
+        # Members' sessions start when the load ends (as Kafka schedules their heartbeat
+        # expirations then): a load longer than session.timeout.ms must not evict them all.
+        self.core.restart_sessions(groups, self.now_ms())
         log.info("loaded %d records of %s-%d (leader epoch %d)", loaded, OFFSETS_TOPIC, index,
                  partition.leader_epoch)
 
-    def _replay(self, key: bytes | None, value: bytes | None, now_ms: int) -> None:
+    def _replay(self, key: bytes | None, value: bytes | None, now_ms: int,
+                groups: set[str] | None = None) -> None:
         if key is None:
             return
         try:
@@ -298,6 +303,8 @@ class GroupService:
             elif isinstance(parsed, GroupKey):
                 self.core.load_group(parsed.group,
                                      None if value is None else decode_group_value(value), now_ms)
+                if groups is not None:
+                    groups.add(parsed.group)
         except RecordFormatError as exc:
             log.warning("skipping an unreadable %s record: %s", OFFSETS_TOPIC, exc)
 

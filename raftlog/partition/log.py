@@ -446,6 +446,9 @@ class PartitionLog:
         holding FileSlices keep reading the old files through their own fds.
         """
         assert not self._closed and old and cleaned.sealed
+        if self._offline_reason is not None:  # no renames or fsyncs in a broken directory
+            cleaned.delete()
+            return False
         first = next((i for i, s in enumerate(self._segments) if s is old[0]), None)
         if first is None or self._segments[first:first + len(old)] != list(old) or \
                 first + len(old) >= len(self._segments) or \
@@ -796,8 +799,10 @@ class PartitionLog:
     def complete_flush(self, ticket: FlushTicket) -> None:
         """Record a ticket's successful ``run``: advance ``flushed_offset`` to its target."""
         assert ticket.synced, "complete_flush needs a ticket whose run() succeeded"
-        if ticket.generation != self._generation:
-            return  # a truncation since begin_flush: the ticket's target may not exist
+        if ticket.generation != self._generation or self._offline_reason is not None:
+            # A truncation since begin_flush (the ticket's target may not exist), or the log
+            # went offline: nothing more counts as flushed until a restart recovers it.
+            return
         assert ticket.target_offset <= self.log_end_offset
         self._flushed_offset = max(self._flushed_offset, ticket.target_offset)
         for segment in self._segments:
@@ -1068,13 +1073,24 @@ class PartitionLog:
         if lowered_start < self._log_start_offset:
             # The batch holding the start goes: checkpoint the lower start first, so the disk
             # never claims a start above what the log holds and memory never runs ahead.
-            self._write_checkpoint(lowered_start)
+            try:
+                self._write_checkpoint(lowered_start)
+            except OSError as error:  # before the rename: the log is as it was, retry later
+                raise KafkaStorageError(f"partition {self.name}: cannot write log start "
+                                        f"{lowered_start}: {describe_os_error(error)}"
+                                        ) from error
         try:
             self._truncate_segments(offset)
         except OSError as error:
             # Memory may now hold fewer segments than the disk, or an untruncated tail: no
             # more writes or fsyncs until a restart recovers the directory (as Kafka takes a
-            # log directory offline on any I/O error).
+            # log directory offline on any I/O error). Flush tickets and cleaner passes
+            # begun before this see a new generation and drop their results.
+            self._generation += 1
+            self._directory_version += 1
+            end_offset = self.log_end_offset
+            self._flushed_offset = min(self._flushed_offset, end_offset)
+            self._flush_target_offset = min(self._flush_target_offset, end_offset)
             self.mark_offline(f"truncation to offset {offset}", error)
             raise KafkaStorageError(f"partition {self.name} is offline after an I/O error "
                                     f"({self._offline_reason})") from error
@@ -1116,15 +1132,19 @@ class PartitionLog:
         self._check_writable()  # an offline log is neither modified nor fsynced again
         namesake = next((s for s in self._segments if s.base_offset == offset), None)
         created = None
-        if namesake is None:  # create first, so a failure leaves the log as it was
-            self._remove_stray_namesake(offset)
-            created = Segment.create(self.directory, offset, self.config.index_interval_bytes)
         try:
+            if namesake is None:  # create first, so a failure leaves the log as it was
+                self._remove_stray_namesake(offset)
+                created = Segment.create(self.directory, offset,
+                                         self.config.index_interval_bytes)
             self._write_checkpoint(offset)
-        except BaseException:
+        except BaseException as error:
             if created is not None:
                 with contextlib.suppress(OSError):
                     created.delete()
+            if isinstance(error, OSError):  # the log is as it was: the caller may retry
+                raise KafkaStorageError(f"partition {self.name}: cannot restart the log at "
+                                        f"{offset}: {describe_os_error(error)}") from error
             raise
         if namesake is None:
             assert created is not None

@@ -232,9 +232,12 @@ class Partition:
             self.replica_lag_time_max_ms, is_eligible)
 
     def truncate_to(self, offset: int) -> int:
-        """Truncate the log (a follower's divergent tail); the HW follows it down."""
-        end_offset = self.log.truncate_to(offset)
-        self.high_watermark = min(self.high_watermark, end_offset)
+        """Truncate the log (a follower's divergent tail); the HW follows it down, also when
+        the truncation fails half-way (KafkaStorageError: the log is offline)."""
+        try:
+            end_offset = self.log.truncate_to(offset)
+        finally:
+            self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
         self.load_txn_index()
         self.producers = truncate_producer_state(
             self.producers, self.log.directory, end_offset,

@@ -86,6 +86,10 @@ class _Members:
     def assignments(self) -> list[list[int]]:
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """Each member's own idea of its membership (diagnostics for a failure)."""
+        return ""
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -197,6 +201,12 @@ class _KafkaPythonMembers(_Members):
     def assignments(self) -> list[list[int]]:
         return [list(view) for view in self.views]
 
+    def describe(self) -> str:
+        # kafka-python internals, read only for a failure message.
+        return "; ".join(f"{getattr(m.consumer._coordinator, '_generation', '?')} "
+                         f"state={getattr(m.consumer._coordinator, 'state', '?')} "
+                         f"alive={m.thread.is_alive()}" for m in self.members)
+
     def close(self) -> None:
         while self.members:
             self.remove(0)
@@ -269,11 +279,24 @@ def _broker_assignments(bootstrap: str, group: str) -> tuple[str, list[list[int]
     return trio.run(run)
 
 
-def _rebalanced(members: _Members, bootstrap: str, group: str, sizes: list[int],
+def _group_log(broker: BrokerProcess, group: str, lines: int = 30) -> str:
+    """The broker log's last lines about ``group`` (diagnostics for a failure)."""
+    about = [line for line in broker.log_path.read_text().splitlines() if group in line]
+    return "\n".join(about[-lines:])
+
+
+def _rebalances_logged(broker: BrokerProcess, group: str) -> int:
+    """How many rebalances of ``group`` the coordinator has logged so far."""
+    return broker.log_path.read_text().count(f"preparing to rebalance group {group} ")
+
+
+def _rebalanced(members: _Members, broker: BrokerProcess, group: str, sizes: list[int],
                 seen: list[tuple[int, int]], what: str) -> None:
     """Polls until the rebalance ends: every member holds a share of the given sizes, every
     partition has exactly one owner, and the coordinator's stored assignment says the same;
-    then keeps polling for SETTLE_S and requires that to stay true on every poll."""
+    then keeps polling for SETTLE_S and requires that to stay true on every poll, with no
+    further rebalance started meanwhile (one that ends in the same assignment included)."""
+    bootstrap = broker.bootstrap
     deadline = time.monotonic() + TIMEOUT_S
     broker_view: tuple[str, list[list[int]]] | None = None
     while True:
@@ -283,8 +306,13 @@ def _rebalanced(members: _Members, bootstrap: str, group: str, sizes: list[int],
             broker_view = _broker_assignments(bootstrap, group)
             if broker_view == ("Stable", sorted(client_view)):
                 break
-        assert time.monotonic() < deadline, (
-            f"timed out waiting for {what}: clients {client_view}, coordinator {broker_view}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}: clients {client_view} "
+                                 f"({members.describe()}), "
+                                 f"coordinator {_broker_assignments(bootstrap, group)}; "
+                                 f"the coordinator's log of it:\n{_group_log(broker, group)}")
+    rebalances = _rebalances_logged(broker, group)
+    assert rebalances > 0, "the coordinator logs its rebalances (the check below needs them)"
     settled_until = time.monotonic() + SETTLE_S
     while time.monotonic() < settled_until:
         seen.extend(members.poll())
@@ -292,6 +320,7 @@ def _rebalanced(members: _Members, bootstrap: str, group: str, sizes: list[int],
         assert now == client_view, f"{what}: the assignment changed after settling: {now}"
     state, stored = _broker_assignments(bootstrap, group)
     assert state == "Stable" and stored == sorted(client_view), (what, state, stored)
+    assert _rebalances_logged(broker, group) == rebalances, f"{what}: rebalanced again"
 
 
 CLIENTS = {"confluent-kafka": _ConfluentMembers, "kafka-python": _KafkaPythonMembers,
@@ -313,7 +342,7 @@ def test_group_rebalances_keep_one_owner_per_partition(broker: BrokerProcess,
         for _ in range(3):
             members.add()
         seen: list[tuple[int, int]] = []
-        _rebalanced(members, broker.bootstrap, group, [2, 2, 2], seen, "three members")
+        _rebalanced(members, broker, group, [2, 2, 2], seen, "three members")
         deadline = time.monotonic() + TIMEOUT_S
         while len(set(seen)) < RECORDS:
             assert time.monotonic() < deadline, f"read {len(set(seen))} of {RECORDS}"
@@ -322,9 +351,9 @@ def test_group_rebalances_keep_one_owner_per_partition(broker: BrokerProcess,
         assert sum(ends.values()) == RECORDS
         assert set(seen) == {(p, o) for p, end in ends.items() for o in range(end)}
         members.add()
-        _rebalanced(members, broker.bootstrap, group, [2, 2, 1, 1], seen, "a fourth joined")
+        _rebalanced(members, broker, group, [2, 2, 1, 1], seen, "a fourth joined")
         members.remove(1)
-        _rebalanced(members, broker.bootstrap, group, [2, 2, 2], seen, "the second left")
+        _rebalanced(members, broker, group, [2, 2, 2], seen, "the second left")
     finally:
         members.close()
 

@@ -223,10 +223,11 @@ def test_failed_retention_checkpoint_deletes_nothing(
 
 def test_failed_reset_checkpoint_leaves_the_log_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A follower's reset (its end below the leader's start) writes the new start first."""
+    """A follower's reset (its end below the leader's start) writes the new start first; a
+    failure there is a KafkaStorageError (the follower backs off and retries)."""
     log = three_segment_log(tmp_path)
     monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
-    with pytest.raises(OSError):
+    with pytest.raises(KafkaStorageError):
         log.reset_to(20)
     assert not (tmp_path / "topic-0" / "00000000000000000020.log").exists(), "no stray segment"
     assert (log.log_start_offset, log.log_end_offset) == (0, 12)

@@ -193,6 +193,21 @@ def test_records_round_trip_and_replay() -> None:
     assert core.heartbeat("g", 7, "m1", instance_id=None, now_ms=1) == 0
 
 
+def test_loaded_members_get_a_full_session_from_the_end_of_the_load() -> None:
+    """Kafka schedules a loaded member's heartbeat expiry when the load completes: a load
+    that took longer than the session (MemberValue session_timeout_ms=100 here) evicts
+    nobody."""
+    group = GroupValue("consumer", 7, "range", "m1", 99, (
+        MemberValue("m1", None, "c", "/h", 300, 100, b"sub", b"asg"),))
+    core = _core()
+    core.load_group("g", group, now_ms=0)
+    core.restart_sessions({"g", "unknown-group"}, now_ms=1_000)  # the load ended at 1 s
+    core.tick(1_050)
+    assert "m1" in core.groups["g"].members
+    core.tick(1_100)
+    assert "m1" not in core.groups["g"].members
+
+
 def test_partition_for_matches_java() -> None:
     assert java_string_hash("") == 0
     assert java_string_hash("hello") == 99162322

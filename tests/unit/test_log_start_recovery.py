@@ -199,10 +199,16 @@ def test_a_failed_unlink_in_truncate_to_takes_the_log_offline(
     for _ in range(10):
         log.append(one(), leader_epoch=0, now_ms=T0)
     flush(log)
+    log.append(one(), leader_epoch=0, now_ms=T0)
+    ticket = log.begin_flush()  # a flush in flight across the failed truncation
+    assert ticket is not None
     fail_delete_of(monkeypatch, 6)
     with pytest.raises(KafkaStorageError):
         log.truncate_to(4)
     monkeypatch.undo()
+    ticket.run()
+    log.complete_flush(ticket)  # dropped: the log changed and is offline (no assertion)
+    assert log.flushed_offset <= log.log_end_offset
     with pytest.raises(KafkaStorageError):
         log.append(one(), leader_epoch=0, now_ms=T0)
     log.close()
@@ -213,6 +219,24 @@ def test_a_failed_unlink_in_truncate_to_takes_the_log_offline(
     log.append(one(), leader_epoch=1, now_ms=T0)
     log.append(one(), leader_epoch=1, now_ms=T0)
     assert log.log_end_offset == 7
+    log.close()
+
+
+def test_reset_to_that_cannot_create_its_segment_leaves_the_log_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk error before anything changed is a KafkaStorageError (the follower backs off
+    and retries), not a bare OSError, and the log stays writable."""
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(segment_bytes=3 * len(one())), T0)
+    for _ in range(5):
+        log.append(one(), leader_epoch=0, now_ms=T0)
+    monkeypatch.setattr(Segment, "create", eio)
+    with pytest.raises(KafkaStorageError):
+        log.reset_to(20)
+    monkeypatch.undo()
+    assert (log.log_start_offset, log.log_end_offset) == (0, 5)
+    log.append(one(), leader_epoch=0, now_ms=T0)
+    log.reset_to(20)
+    assert (log.log_start_offset, log.log_end_offset) == (20, 20)
     log.close()
 
 
