@@ -166,11 +166,18 @@ class _KafkaPythonMember:
 
 
 class _KafkaPythonMembers(_Members):
-    """kafka-python consumers, one thread each. One thread polling all of them in turn (20 ms
-    each) livelocks kafka-python 3.0.12: a JoinGroup that completes while its consumer is
-    outside poll() is thrown away (``ensure_active_group_async`` starts a new join when the
-    old task is done), so the next poll() joins again; from the group leader that starts a new
-    rebalance (as Kafka does for a leader's JoinGroup), over and over."""
+    """kafka-python consumers, one thread each, each knowing the topic's partitions before it
+    subscribes. Two kafka-python 3.0.12 bugs, both about a join that outlives its poll():
+    * One thread polling all of them in turn (20 ms each) livelocks: a JoinGroup that
+      completes while its consumer is outside poll() is thrown away
+      (``ensure_active_group_async`` starts a new join when the old task is done), so the next
+      poll() joins again; from the group leader that starts a new rebalance (as Kafka does for
+      a leader's JoinGroup), over and over.
+    * A leader that assigned before it had the topic's metadata rejoins when the metadata
+      arrives (its assignment snapshot differs). If that poll() returns before the join ends,
+      the leader's own assignment step then makes the snapshots equal again, so
+      ``need_rejoin()`` is False, no later poll() awaits the join, heartbeats stay disabled
+      and the coordinator evicts the member 6 s later; it never notices (about 1 run in 30)."""
 
     def __init__(self, bootstrap: str, topic: str, group: str) -> None:
         self.args = (bootstrap, topic, group)
@@ -181,9 +188,14 @@ class _KafkaPythonMembers(_Members):
         from kafka import KafkaConsumer
 
         bootstrap, topic, group = self.args
-        self.members.append(_KafkaPythonMember(KafkaConsumer(
-            topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-            session_timeout_ms=6000, heartbeat_interval_ms=300)))
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                 auto_offset_reset="earliest", session_timeout_ms=6000,
+                                 heartbeat_interval_ms=300)
+        # The topic's metadata first: a leader that assigns before it has it rejoins once it
+        # arrives, and kafka-python 3.0.12 can lose that rejoin (see the class docstring).
+        assert consumer.partitions_for_topic(topic) == set(range(PARTITIONS))
+        consumer.subscribe([topic])
+        self.members.append(_KafkaPythonMember(consumer))
 
     def remove(self, index: int) -> None:
         self.members.pop(index).close()
