@@ -289,7 +289,8 @@ def _checkpoint(partition: Partition) -> str:
 
 
 
-def _flaky_delete_of(base_offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def fail_delete_of(base_offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segment ``base_offset`` cannot be unlinked (EIO); the others can."""
     real_delete = Segment.delete
 
     def flaky_delete(self: Segment) -> None:
@@ -311,7 +312,7 @@ def test_a_failed_unlink_stops_the_deletion_and_the_next_open_keeps_the_data(
     assert ticket is not None
     ticket.run()
     log.complete_flush(ticket)
-    _flaky_delete_of(0, monkeypatch)
+    fail_delete_of(0, monkeypatch)
     assert log.advance_log_start_offset(9), "the start moved; the unlink failure is logged"
     monkeypatch.undo()
     assert (log.log_start_offset, log.segment_base_offsets) == (9, [8])

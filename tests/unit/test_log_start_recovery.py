@@ -33,6 +33,7 @@ from raftlog.partition.manager import PartitionManager, now_ms
 from raftlog.partition.replication import FollowerAssignment, LeaderFetcher, ReplicaManager
 from raftlog.partition.segment import Segment
 from raftlog.txn.snapshot import log_headers
+from tests.unit.test_delete_records import fail_delete_of
 
 T0 = 1_700_000_000_000
 DAY_MS = 24 * 3600 * 1000
@@ -51,18 +52,6 @@ def flush(log: PartitionLog) -> None:
 
 def eio(*_: object) -> None:
     raise OSError(errno.EIO, "Input/output error")
-
-
-def fail_delete_of(monkeypatch: pytest.MonkeyPatch, base_offset: int) -> None:
-    """Segment ``base_offset`` cannot be unlinked (EIO); the others can."""
-    real_delete = Segment.delete
-
-    def delete(segment: Segment) -> None:
-        if segment.base_offset == base_offset:
-            raise OSError(errno.EIO, "Input/output error")
-        real_delete(segment)
-
-    monkeypatch.setattr(Segment, "delete", delete)
 
 
 def crash_below_checkpoint(directory: Path) -> None:
@@ -173,7 +162,7 @@ def test_reset_to_keeps_memory_consistent_when_an_unlink_fails(
     for _ in range(10):
         log.append(one(), leader_epoch=0, now_ms=T0)
     assert log.segment_base_offsets == [0, 3, 6, 9]
-    fail_delete_of(monkeypatch, 3)
+    fail_delete_of(3, monkeypatch)
     log.reset_to(20)  # a follower below the leader's log start: no exception
     monkeypatch.undo()
     assert (log.log_start_offset, log.log_end_offset, log.segment_base_offsets) == (20, 20, [20])
@@ -202,7 +191,7 @@ def test_a_failed_unlink_in_truncate_to_takes_the_log_offline(
     log.append(one(), leader_epoch=0, now_ms=T0)
     ticket = log.begin_flush()  # a flush in flight across the failed truncation
     assert ticket is not None
-    fail_delete_of(monkeypatch, 6)
+    fail_delete_of(6, monkeypatch)
     with pytest.raises(KafkaStorageError):
         log.truncate_to(4)
     monkeypatch.undo()
@@ -252,7 +241,7 @@ def test_a_roll_removes_a_stray_segment_of_a_failed_reset_unlink(
         log.append(one(b"o" * 10), leader_epoch=0, now_ms=T0)
     assert log.advance_log_start_offset(5)
     assert log.segment_base_offsets == [3, 6, 9]
-    fail_delete_of(monkeypatch, 6)
+    fail_delete_of(6, monkeypatch)
     log.reset_to(0)
     monkeypatch.undo()
     assert (directory / f"{6:020d}.log").exists()
