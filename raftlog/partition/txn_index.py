@@ -55,6 +55,7 @@ __all__ = [
     "AbortedTxn",
     "TxnIndex",
     "build_marker",
+    "marker_coordinator_epoch",
     "marker_type",
     "open_txn_index",
     "rebuild_txn_index",
@@ -87,6 +88,20 @@ def build_marker(producer_id: int, producer_epoch: int, commit: bool, coordinato
     return build_batch([(key, value, ())], timestamp_ms=timestamp_ms, producer_id=producer_id,
                        producer_epoch=producer_epoch, base_sequence=-1,
                        attributes=TRANSACTIONAL_BIT | CONTROL_BIT)
+
+
+def marker_coordinator_epoch(batch: bytes | bytearray | memoryview) -> int:
+    """The coordinator epoch in one control batch's marker record (its value is
+    ``(version, coordinatorEpoch)``), or -1 if the record cannot be read."""
+    try:
+        records = decode_records(batch, include_control=True)
+    except Exception:  # a batch the log already checked: unreadable means "unknown"
+        return -1
+    value = records[0].value if len(records) == 1 else None
+    if value is None or len(value) < _MARKER_VALUE.size:
+        return -1
+    _, epoch = _MARKER_VALUE.unpack_from(value)
+    return int(epoch)
 
 
 def marker_type(batch: bytes | bytearray | memoryview) -> int | None:

@@ -58,7 +58,7 @@ from raftlog.txn.coordinator import (
     TxnMetadata,
     TxnState,
 )
-from raftlog.txn.producer_state import NO_OFFSET
+from raftlog.txn.producer_state import NO_OFFSET, header_at
 
 __all__ = [
     "TXN_TOPIC",
@@ -82,6 +82,9 @@ RPC_TIMEOUT_S: Final = 10.0
 # A partition leader's wait for the coordinator's verify_only answer; past it the produce gets
 # a retriable error (NOT_ENOUGH_REPLICAS, as Kafka converts coordinator errors).
 VERIFY_TIMEOUT_S: Final = 5.0
+# In the set ``_send_markers`` returns: a leader refused a marker as coming from a replaced
+# coordinator (TRANSACTION_COORDINATOR_FENCED).
+FENCED: Final = ("", -1)
 VERIFICATIONS_MAX: Final = 10_000  # in flight on one node; more are refused (retriable)
 # Coordinator answers a producer may retry: Kafka's AddPartitionsToTxnManager turns them into
 # NOT_ENOUGH_REPLICAS, which every client retries on Produce.
@@ -481,6 +484,12 @@ class TxnCoordinatorService:
                     return  # the next coordinator resumes from the log
                 pending = await self._send_markers(metadata, commit, state.coordinator_epoch,
                                                    pending)
+                if FENCED in pending:
+                    # A leader has a marker from a newer coordinator epoch: this node lost
+                    # the coordinator role (it may not know yet); the new one finishes.
+                    log.info("transaction %r: markers refused, coordinator epoch %d is fenced",
+                             txn_id, state.coordinator_epoch)
+                    return
                 if pending:
                     await trio.sleep(MARKER_RETRY_S)
             while True:
@@ -505,7 +514,8 @@ class TxnCoordinatorService:
     async def _send_markers(self, metadata: TxnMetadata, commit: bool, coordinator_epoch: int,
                             pending: set[tuple[str, int]]) -> set[tuple[str, int]]:
         """One round: every pending partition's marker to its current leader; the ones that
-        still need one are returned."""
+        still need one are returned, with ``FENCED`` among them if a leader refused a marker
+        because a newer coordinator epoch already wrote one."""
         image = self.quorum.image
         by_leader: dict[int, list[tuple[str, int]]] = {}
         for topic, index in sorted(pending):
@@ -522,7 +532,9 @@ class TxnCoordinatorService:
                     code = await self.append_marker(topic, index, metadata.producer_id,
                                                     metadata.producer_epoch, commit,
                                                     coordinator_epoch)
-                    if _marker_retriable(code):
+                    if code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                        left.add(FENCED)
+                    elif _marker_retriable(code):
                         left.add((topic, index))
             else:
                 left.update(await self._remote_markers(leader, metadata, commit,
@@ -553,7 +565,9 @@ class TxnCoordinatorService:
         for marker in response.markers:
             for topic in marker.topics:
                 for result in topic.partitions:
-                    if _marker_retriable(result.error_code):
+                    if result.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                        left.add(FENCED)
+                    elif _marker_retriable(result.error_code):
                         left.add((topic.name, result.partition_index))
         return left
 
@@ -581,9 +595,14 @@ class TxnCoordinatorService:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if not partition.is_leader:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        entry = partition.producers.get(producer_id)
-        if entry is not None and entry.epoch > epoch:
-            return ErrorCode.INVALID_PRODUCER_EPOCH  # a stale marker: the producer moved on
+        # A stale marker: the producer moved on (INVALID_PRODUCER_EPOCH), or it comes from a
+        # coordinator that has been replaced (TRANSACTION_COORDINATOR_FENCED), whose late
+        # COMMIT would otherwise end the producer's next transaction here.
+        refused = partition.producers.check_marker(producer_id, epoch, coordinator_epoch)
+        if refused:
+            log.info("refused a marker for producer %d on %s-%d: %s (coordinator epoch %d)",
+                     producer_id, topic, index, refused.name, coordinator_epoch)
+            return refused
         batch = build_marker(producer_id, epoch, commit, coordinator_epoch, now_ms())
         try:
             info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
@@ -594,7 +613,7 @@ class TxnCoordinatorService:
         except OSError as exc:
             log.warning("marker for producer %d on %s-%d: %s", producer_id, topic, index, exc)
             return ErrorCode.KAFKA_STORAGE_ERROR
-        partition.producers.commit_append(parse_header(batch), info.base_offset,
+        partition.producers.commit_append(header_at(batch), info.base_offset,
                                           info.last_offset, now_ms())
         # A verify_only answer still in flight predates this marker: it must not be used.
         self._verify_guards.pop((topic, index, producer_id), None)
@@ -829,9 +848,11 @@ def _produce_verdict(code: int, topic: str, index: int, producer_id: int) -> Ver
 
 
 def _marker_retriable(code: int) -> bool:
-    # Deleted partitions and stale epochs need no marker; everything else is retried.
+    # Deleted partitions and stale epochs need no marker; everything else is retried
+    # (TRANSACTION_COORDINATOR_FENCED ends the whole completion: see ``_complete``).
     return code not in (ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                        ErrorCode.INVALID_PRODUCER_EPOCH)
+                        ErrorCode.INVALID_PRODUCER_EPOCH,
+                        ErrorCode.TRANSACTION_COORDINATOR_FENCED)
 
 
 def _replay(partition: Partition) -> dict[str, TxnMetadata]:

@@ -31,6 +31,15 @@ this order for a client batch with ``producerId >= 0``:
 5. A non-transactional batch while the producer has an open transaction →
    INVALID_TXN_STATE (48) (``appendDataBatch``).
 
+Transaction markers (``appendEndTxnMarker``) end the producer's open transaction and record
+the coordinator epoch their record carries. The leader refuses a marker whose coordinator
+epoch is below the recorded one (``check_marker``, Kafka's ``checkCoordinatorEpoch``): it
+comes from a transaction coordinator that has since been replaced, e.g. one that was
+paused and has not yet learnt it lost ``__transaction_state``. Without that check such a
+late COMMIT for an earlier transaction ends the producer's *next* transaction in the
+partition, and read_committed consumers see its records before it commits. Followers and
+recovery take the epoch as stored, as Kafka does.
+
 Batches without a producer id (``producerId == -1``, Kafka's ``hasProducerId`` is ``> -1``)
 are always accepted.
 
@@ -45,13 +54,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Final
 
 import crc32c
 
 from raftlog.fetch.errors import ErrorCode
 from raftlog.partition.batch import RECORD_BATCH_OVERHEAD, BatchHeader, parse_header
+from raftlog.partition.txn_index import marker_coordinator_epoch
 
 __all__ = [
     "BATCHES_TO_RETAIN",
@@ -63,9 +73,11 @@ __all__ = [
     "AppendCheck",
     "BatchMetadata",
     "CorruptSnapshotError",
+    "MarkerHeader",
     "ProducerStateEntry",
     "ProducerStateManager",
     "batch_offsets",
+    "header_at",
     "headers_in",
     "last_sequence",
 ]
@@ -122,12 +134,33 @@ def batch_offsets(headers: Sequence[BatchHeader], base_offset: int) -> list[tupl
     return offsets
 
 
+@dataclass(frozen=True, slots=True)
+class MarkerHeader(BatchHeader):
+    """A control batch's header with the coordinator epoch of the transaction marker inside
+    it (``EndTransactionMarker.coordinatorEpoch``; -1 when the record cannot be read)."""
+
+    coordinator_epoch: int = -1
+
+
+def header_at(records: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
+    """``parse_header``, but a control batch comes back as a ``MarkerHeader`` carrying its
+    marker's coordinator epoch, which producer state needs (markers are rare: the one
+    record is decoded only for them)."""
+    header = parse_header(records, position)
+    if not header.is_control:
+        return header
+    batch = memoryview(records)[position:position + header.size_bytes]
+    return MarkerHeader(**{f.name: getattr(header, f.name) for f in fields(header)},
+                        coordinator_epoch=marker_coordinator_epoch(batch))
+
+
 def headers_in(records: bytes | bytearray | memoryview) -> Iterator[BatchHeader]:
     """The headers of the (already validated) batches in ``records``, e.g. what a follower
-    just wrote with ``PartitionLog.append_replicated``: feed them to ``rebuild``."""
+    just wrote with ``PartitionLog.append_replicated``: feed them to ``rebuild``. Control
+    batches come as ``MarkerHeader``."""
     position = 0
     while position + RECORD_BATCH_OVERHEAD <= len(records):
-        header = parse_header(records, position)
+        header = header_at(records, position)
         yield header
         position += header.size_bytes
 
@@ -198,10 +231,12 @@ def _apply(
         batches = ()
     if header.is_control:
         # appendEndTxnMarker: the transaction ends; markers carry no sequence. The coordinator
-        # epoch lives in the marker record, not the header: the transactions milestone sets it.
+        # epoch lives in the marker record: ``headers_in``/``header_at`` read it.
+        coordinator_epoch = header.coordinator_epoch if isinstance(header, MarkerHeader) \
+            else entry.coordinator_epoch
         return replace(entry, epoch=header.producer_epoch, batches=batches,
                        last_update_ms=now_ms, last_offset=last_offset,
-                       current_txn_first_offset=NO_OFFSET)
+                       current_txn_first_offset=NO_OFFSET, coordinator_epoch=coordinator_epoch)
     metadata = BatchMetadata(
         first_seq=header.base_sequence if header.base_sequence >= 0 else NO_SEQUENCE,
         last_seq=last_sequence(header.base_sequence, header.last_offset_delta),
@@ -292,6 +327,21 @@ class ProducerStateManager:
             # Offsets are unknown before the append; the sequence checks do not need them.
             pending[header.producer_id] = _apply(current, header, NO_OFFSET, NO_OFFSET, 0)
         return _OK
+
+    def check_marker(self, producer_id: int, producer_epoch: int,
+                     coordinator_epoch: int) -> ErrorCode:
+        """The leader's check of a WriteTxnMarkers entry before it appends the marker
+        (``checkProducerEpoch`` then ``checkCoordinatorEpoch``): INVALID_PRODUCER_EPOCH when
+        the producer has moved to a newer epoch, TRANSACTION_COORDINATOR_FENCED when a marker
+        from a newer coordinator epoch was already written, else NONE."""
+        entry = self._entries.get(producer_id)
+        if entry is None:
+            return ErrorCode.NONE
+        if entry.epoch > producer_epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        if entry.coordinator_epoch > coordinator_epoch:
+            return ErrorCode.TRANSACTION_COORDINATOR_FENCED
+        return ErrorCode.NONE
 
     def commit_append(
         self,

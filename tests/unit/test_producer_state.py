@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from raftlog.fetch.errors import ErrorCode
 from raftlog.partition.batch import BatchHeader, build_batch, validate_batches
 from raftlog.partition.log import LogConfig, PartitionLog
+from raftlog.partition.txn_index import build_marker
 from raftlog.txn import snapshot
 from raftlog.txn.producer_state import (
     BATCHES_TO_RETAIN,
@@ -193,6 +194,38 @@ def test_transactions_are_tracked_for_the_next_milestone() -> None:
                                          attributes=TRANSACTIONAL | CONTROL), T0)
     assert broker.produce(header(8, 1, 4))[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert broker.produce(header(8, 1, 0)) == (0, 6)
+
+
+def _marker_bytes(pid: int, epoch: int, coordinator_epoch: int) -> bytes:
+    return build_marker(pid, epoch, True, coordinator_epoch, T0)  # at base offset 0
+
+
+def test_markers_record_their_coordinator_epoch_and_older_ones_are_fenced() -> None:
+    """Kafka's ``checkCoordinatorEpoch``. The campaign's precommitted-read (txn under all
+    faults, seed 1085) was a replaced coordinator's late COMMIT ending the producer's next
+    transaction."""
+    state = ProducerStateManager()
+    assert state.check_marker(8, 0, 0) == ErrorCode.NONE  # unknown producer
+    state.commit_append(header(8, 0, 0, attributes=TRANSACTIONAL), 0, 0, T0)
+    (marker,) = headers_in(_marker_bytes(8, 0, 3))
+    state.commit_append(marker, 1, 1, T0)
+    entry = state.get(8)
+    assert entry is not None and entry.coordinator_epoch == 3
+    state.commit_append(header(8, 0, 1, attributes=TRANSACTIONAL), 2, 2, T0)  # next txn
+    assert state.check_marker(8, 0, 2) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert state.check_marker(8, 0, 3) == ErrorCode.NONE
+    assert state.check_marker(8, 0, 4) == ErrorCode.NONE
+    assert state.check_marker(7, 0, 0) == ErrorCode.NONE
+    # A newer producer epoch is checked first (checkProducerEpoch), as in Kafka.
+    state.commit_append(header(8, 1, 0, attributes=TRANSACTIONAL), 3, 3, T0)
+    assert state.check_marker(8, 0, 9) == ErrorCode.INVALID_PRODUCER_EPOCH
+    # Followers, recovery (headers_in reads the marker record) and snapshots keep it too.
+    follower = ProducerStateManager()
+    follower.rebuild(headers_in(_marker_bytes(8, 0, 5)), T0)
+    entry = follower.get(8)
+    assert entry is not None and entry.coordinator_epoch == 5
+    restored = ProducerStateManager.from_bytes(follower.to_bytes()).get(8)
+    assert restored is not None and restored.coordinator_epoch == 5
 
 
 def test_multi_batch_requests_check_each_batch_against_the_previous_one() -> None:
