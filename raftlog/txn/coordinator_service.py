@@ -510,6 +510,17 @@ class TxnCoordinatorService:
                 await trio.sleep(MARKER_RETRY_S)
         finally:
             self._completing.discard(txn_id)
+            self._resume_if_moved(state, txn_id)
+
+    def _resume_if_moved(self, state: CoordinatorPartitionState, txn_id: str) -> None:
+        """This node lost the partition and won it back while this completion ran, so the
+        load skipped the new ownership's completion (one task per id): start it now."""
+        current = self.owned.get(state.partition)
+        if current is None or current is state:
+            return
+        metadata = current.txns.get(txn_id)
+        if metadata is not None and metadata.state.preparing:
+            self._spawn_completion(current, metadata)
 
     async def _send_markers(self, metadata: TxnMetadata, commit: bool, coordinator_epoch: int,
                             pending: set[tuple[str, int]]) -> set[tuple[str, int]]:

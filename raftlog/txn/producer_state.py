@@ -232,7 +232,9 @@ def _apply(
     if header.is_control:
         # appendEndTxnMarker: the transaction ends; markers carry no sequence. The coordinator
         # epoch lives in the marker record: ``headers_in``/``header_at`` read it.
-        coordinator_epoch = header.coordinator_epoch if isinstance(header, MarkerHeader) \
+        # An unreadable marker record (-1) keeps the known epoch rather than lifting the fence.
+        coordinator_epoch = header.coordinator_epoch \
+            if isinstance(header, MarkerHeader) and header.coordinator_epoch >= 0 \
             else entry.coordinator_epoch
         return replace(entry, epoch=header.producer_epoch, batches=batches,
                        last_update_ms=now_ms, last_offset=last_offset,

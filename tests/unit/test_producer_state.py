@@ -30,6 +30,7 @@ from raftlog.txn.producer_state import (
     INT32_MAX,
     BatchMetadata,
     CorruptSnapshotError,
+    MarkerHeader,
     ProducerStateEntry,
     ProducerStateManager,
     headers_in,
@@ -226,6 +227,12 @@ def test_markers_record_their_coordinator_epoch_and_older_ones_are_fenced() -> N
     assert entry is not None and entry.coordinator_epoch == 5
     restored = ProducerStateManager.from_bytes(follower.to_bytes()).get(8)
     assert restored is not None and restored.coordinator_epoch == 5
+    # A marker whose record cannot be read (-1) keeps the known epoch: the fence stays.
+    (unreadable,) = headers_in(_marker_bytes(8, 0, 5))
+    assert isinstance(unreadable, MarkerHeader)
+    follower.commit_append(dataclasses.replace(unreadable, coordinator_epoch=-1), 1, 1, T0)
+    entry = follower.get(8)
+    assert entry is not None and entry.coordinator_epoch == 5
 
 
 def test_multi_batch_requests_check_each_batch_against_the_previous_one() -> None:
