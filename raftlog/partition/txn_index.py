@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
+    Record,
     build_batch,
     decode_records,
     parse_header,
@@ -90,30 +91,32 @@ def build_marker(producer_id: int, producer_epoch: int, commit: bool, coordinato
                        attributes=TRANSACTIONAL_BIT | CONTROL_BIT)
 
 
-def marker_coordinator_epoch(batch: bytes | bytearray | memoryview) -> int:
-    """The coordinator epoch in one control batch's marker record (its value is
-    ``(version, coordinatorEpoch)``), or -1 if the record cannot be read."""
+def _control_record(batch: bytes | bytearray | memoryview) -> Record | None:
+    """The one record of a control batch, or None if it cannot be read."""
     try:
         records = decode_records(batch, include_control=True)
     except Exception:  # a batch the log already checked: unreadable means "unknown"
+        return None
+    return records[0] if len(records) == 1 else None
+
+
+def marker_coordinator_epoch(batch: bytes | bytearray | memoryview) -> int:
+    """The coordinator epoch in one control batch's marker record (its value is
+    ``(version, coordinatorEpoch)``), or -1 if the record cannot be read."""
+    record = _control_record(batch)
+    if record is None or record.value is None or len(record.value) < _MARKER_VALUE.size:
         return -1
-    value = records[0].value if len(records) == 1 else None
-    if value is None or len(value) < _MARKER_VALUE.size:
-        return -1
-    _, epoch = _MARKER_VALUE.unpack_from(value)
+    _, epoch = _MARKER_VALUE.unpack_from(record.value)
     return int(epoch)
 
 
 def marker_type(batch: bytes | bytearray | memoryview) -> int | None:
     """COMMIT, ABORT or another control type (KRaft's) of one control batch; None if its key
     cannot be read."""
-    try:
-        records = decode_records(batch, include_control=True)
-    except Exception:
+    record = _control_record(batch)
+    if record is None or record.key is None or len(record.key) < _CONTROL_KEY.size:
         return None
-    if len(records) != 1 or records[0].key is None or len(records[0].key) < 4:
-        return None
-    _, kind = _CONTROL_KEY.unpack_from(records[0].key)
+    _, kind = _CONTROL_KEY.unpack_from(record.key)
     return int(kind)
 
 
