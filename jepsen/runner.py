@@ -255,7 +255,9 @@ def _drive(opts: TestOptions, workload: Workload, view: ClusterView, cluster: Cl
         recovered = False
         notes.append(f"cluster did not recover after healing: {exc}")
     try:
-        workload.final_reads(view, recorder, time.monotonic() + opts.final_time_s)
+        note = workload.final_reads(view, recorder, time.monotonic() + opts.final_time_s)
+        if note is not None:
+            notes.append(note)
     except Exception as exc:  # the checker still runs on what was recorded
         notes.append(f"final reads failed: {exc!r}")
     recorder.close()

@@ -69,8 +69,10 @@ class Workload(Protocol):
     def next_op(self, rng: random.Random, next_value: Callable[[], int]) -> tuple[str, Any]:
         """The next operation ``(f, value)`` (pure: depends only on ``rng``)."""
 
-    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float) -> None:
-        """Jepsen's final generator: read everything back after healing."""
+    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float
+                    ) -> str | None:
+        """Jepsen's final generator: read everything back after healing; a note when the
+        reads could not finish (recorded in the results), else ``None``."""
 
     def check(self, history: History) -> dict[str, Any]:
         """``{"valid": ..., "anomalies": {...}, "stats": {...}, ...}``."""

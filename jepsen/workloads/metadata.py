@@ -152,7 +152,8 @@ class MetadataWorkload:
             return "delete", [topic, 0]
         return "add-partitions", [topic, rng.randint(2, 6)]
 
-    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float) -> None:
+    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float
+                    ) -> str | None:
         return None
 
     def check(self, history: History) -> dict[str, Any]:

@@ -13,8 +13,9 @@ Keys are the partitions of one topic (``jepsen-<p>``). Operations:
   ``seek_to_beginning``) or by subscribing to the topic in a shared consumer group (offsets
   auto-committed; partitions assigned and revoked during a poll go to ``rebalance_log``).
 
-Consumers read ``read_committed``. The final reads use fresh processes that assign every key
-from the beginning and poll until each key's position reaches its high watermark.
+Consumers read ``read_committed``. The final reads use a fresh process that assigns every key
+from the beginning and polls until each key's position reaches its (``read_uncommitted``) high
+watermark: past any transaction left open, once the coordinator has aborted it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ PARTITIONS: Final = 4
 SEND_TIMEOUT_S: Final = 5.0
 POLL_TIMEOUT_S: Final = 0.3
 POLL_MESSAGES_MAX: Final = 200
-FINAL_IDLE_S: Final = 4.0
+FINAL_REFRESH_S: Final = 2.0
 ADMIN_TIMEOUT_S: Final = 30.0
 
 
@@ -276,44 +277,71 @@ def _close_quietly(closers: Sequence[Callable[[], Any]], timeout_s: float = 5.0)
 
 
 def final_reads(view: ClusterView, recorder: Recorder, keys: Sequence[str], topic: str,
-                deadline_s: float) -> None:
-    """Fresh process: assign every key from the beginning, poll until caught up."""
+                deadline_s: float) -> str | None:
+    """Fresh process: assign every key from the beginning and poll (``read_committed``) until
+    each key's position reaches its high watermark, or the deadline passes.
+
+    The target is the ``read_uncommitted`` high watermark, not the last stable offset a
+    ``read_committed`` consumer sees: a transaction left open by a client that died (or whose
+    abort failed) holds the LSO until the coordinator aborts it at ``transaction.timeout.ms``,
+    and stopping at that LSO would leave every committed message after it unread (``unseen``,
+    uncovered). So the reads wait for that abort instead, up to the deadline. Returns a note
+    when they could not finish, else ``None``."""
     from confluent_kafka import Consumer, TopicPartition
 
     process = recorder.new_process()
-    consumer = Consumer(consumer_config(view, f"jepsen-{view.run_id}-final-{process}"))
+    group = f"jepsen-{view.run_id}-final-{process}"
+    consumer = Consumer(consumer_config(view, group))
+    # Asks the log end (high watermark) without joining anything or reading a record.
+    probe = Consumer(consumer_config(view, group, {"isolation.level": "read_uncommitted"}))
     try:
         recorder.invoke(process, "assign", list(keys), seek_to_beginning=True)
         consumer.assign([TopicPartition(topic, partition_of(k), -2) for k in keys])
         recorder.complete("ok", process, "assign", list(keys), seek_to_beginning=True)
-        ends = _high_watermarks(consumer, topic, keys)
-        last_data = time.monotonic()
-        positions: dict[str, int] = {}
-        while time.monotonic() < deadline_s:
-            recorder.invoke(process, "poll", [["poll"]])
-            messages = consumer.consume(num_messages=POLL_MESSAGES_MAX, timeout=0.5)
-            reads, error = poll_value(messages, topic)
-            if error is not None:
-                recorder.complete("info", process, "poll", [["poll", reads]], error=error)
-                return
-            recorder.complete("ok", process, "poll", [["poll", reads]])
-            for k, pairs in reads.items():
-                positions[k] = max(positions.get(k, 0), pairs[-1][0] + 1)
-                last_data = time.monotonic()
-            if messages:
-                continue
-            positions.update(_positions(consumer, topic, keys))
-            if all(positions.get(k, 0) >= ends.get(k, 0) for k in keys):
-                break
-            if time.monotonic() - last_data > FINAL_IDLE_S:
-                ends = _high_watermarks(consumer, topic, keys)
-                if time.monotonic() - last_data > 3 * FINAL_IDLE_S:
-                    break
+        return _poll_to_ends(consumer, probe, recorder, process, keys, topic, deadline_s)
     finally:
-        _close_quietly([consumer.close])
+        _close_quietly([consumer.close, probe.close])
+
+
+def _poll_to_ends(consumer: Any, probe: Any, recorder: Recorder, process: int,
+                  keys: Sequence[str], topic: str, deadline_s: float) -> str | None:
+    ends = _high_watermarks(probe, topic, keys)
+    ends_at = time.monotonic()
+    positions: dict[str, int] = {}
+    while time.monotonic() < deadline_s:
+        recorder.invoke(process, "poll", [["poll"]])
+        messages = consumer.consume(num_messages=POLL_MESSAGES_MAX, timeout=0.5)
+        reads, error = poll_value(messages, topic)
+        if error is not None:
+            recorder.complete("info", process, "poll", [["poll", reads]], error=error)
+            return f"final reads stopped on a poll error: {error}"
+        recorder.complete("ok", process, "poll", [["poll", reads]])
+        for k, pairs in reads.items():
+            positions[k] = max(positions.get(k, 0), pairs[-1][0] + 1)
+        if messages:
+            continue
+        positions.update(_positions(consumer, topic, keys))
+        if _behind(positions, ends):
+            if time.monotonic() - ends_at > FINAL_REFRESH_S:  # a leader's HW may lag a while
+                ends, ends_at = _high_watermarks(probe, topic, keys), time.monotonic()
+            continue
+        # Caught up with the ends read earlier: confirm against fresh ones before stopping.
+        ends, ends_at = _high_watermarks(probe, topic, keys), time.monotonic()
+        if not _behind(positions, ends):
+            return None
+    behind = {k: (positions.get(k, 0), ends.get(k, 0)) for k in _behind(positions, ends)}
+    return ("final reads did not reach the high watermark before the deadline "
+            f"(key: (position, high watermark)): {behind}")
+
+
+def _behind(positions: dict[str, int], ends: dict[str, int]) -> list[str]:
+    return sorted(k for k, end in ends.items() if positions.get(k, 0) < end)
 
 
 def _high_watermarks(consumer: Any, topic: str, keys: Sequence[str]) -> dict[str, int]:
+    """Each key's high watermark as ``consumer`` sees it (the LSO for a read_committed one);
+    a key whose watermark cannot be read gets an unreachable end, so the reads go on polling
+    until the deadline rather than stop early."""
     from confluent_kafka import TopicPartition
 
     ends: dict[str, int] = {}
@@ -322,7 +350,7 @@ def _high_watermarks(consumer: Any, topic: str, keys: Sequence[str]) -> dict[str
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition_of(k)),
                                                      timeout=5, cached=False)
             ends[k] = int(high)
-        except Exception:  # unknown: rely on the idle timeout
+        except Exception:  # unknown for now: asked again at the next refresh
             ends[k] = 1 << 62
     return ends
 
@@ -365,8 +393,9 @@ class QueueWorkload:
             return "send", [["send", rng.choice(self.keys()), next_value()] for _ in range(n)]
         return "poll", [["poll"]]
 
-    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float) -> None:
-        final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
+    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float
+                    ) -> str | None:
+        return final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
 
     def check(self, history: History) -> dict[str, Any]:
         return check(history, CheckerOptions())

@@ -171,8 +171,9 @@ class TxnWorkload:
                 mops.append(["poll"])
         return "txn", mops
 
-    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float) -> None:
-        final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
+    def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float
+                    ) -> str | None:
+        return final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
 
     def check(self, history: History) -> dict[str, Any]:
         return check(history, CheckerOptions())
