@@ -38,6 +38,8 @@ SEND_TIMEOUT_S: Final = 5.0
 POLL_TIMEOUT_S: Final = 0.3
 POLL_MESSAGES_MAX: Final = 200
 FINAL_REFRESH_S: Final = 2.0
+WATERMARK_TIMEOUT_S: Final = 5.0
+UNKNOWN_END: Final = 1 << 62  # beyond any offset
 ADMIN_TIMEOUT_S: Final = 30.0
 
 
@@ -291,22 +293,34 @@ def final_reads(view: ClusterView, recorder: Recorder, keys: Sequence[str], topi
 
     process = recorder.new_process()
     group = f"jepsen-{view.run_id}-final-{process}"
-    consumer = Consumer(consumer_config(view, group))
-    # Asks the log end (high watermark) without joining anything or reading a record.
-    probe = Consumer(consumer_config(view, group, {"isolation.level": "read_uncommitted"}))
+    handles: list[Any] = []
     try:
+        consumer = Consumer(consumer_config(view, group))
+        handles.append(consumer)
+        # Asks for the log end (high watermark) without joining a group or reading a record.
+        probe = Consumer(consumer_config(view, f"{group}-probe",
+                                         {"isolation.level": "read_uncommitted"}))
+        handles.append(probe)
         recorder.invoke(process, "assign", list(keys), seek_to_beginning=True)
         consumer.assign([TopicPartition(topic, partition_of(k), -2) for k in keys])
         recorder.complete("ok", process, "assign", list(keys), seek_to_beginning=True)
         return _poll_to_ends(consumer, probe, recorder, process, keys, topic, deadline_s)
     finally:
-        _close_quietly([consumer.close, probe.close])
+        for handle in reversed(handles):  # each on its own: one stuck close must not skip another
+            _close_quietly([handle.close])
 
 
 def _poll_to_ends(consumer: Any, probe: Any, recorder: Recorder, process: int,
                   keys: Sequence[str], topic: str, deadline_s: float) -> str | None:
-    ends = _high_watermarks(probe, topic, keys)
-    ends_at = time.monotonic()
+    known_ends: dict[str, int] = {}  # the last end read for each key, for the note
+
+    def read_ends() -> dict[str, int]:
+        fresh = _high_watermarks(probe, topic, keys, deadline_s)
+        known_ends.update(fresh)
+        # A key whose end could not be read now is never caught up: no early stop on it.
+        return {k: fresh.get(k, UNKNOWN_END) for k in keys}
+
+    ends, ends_at = read_ends(), time.monotonic()
     positions: dict[str, int] = {}
     while time.monotonic() < deadline_s:
         recorder.invoke(process, "poll", [["poll"]])
@@ -322,36 +336,42 @@ def _poll_to_ends(consumer: Any, probe: Any, recorder: Recorder, process: int,
             continue
         positions.update(_positions(consumer, topic, keys))
         if _behind(positions, ends):
-            if time.monotonic() - ends_at > FINAL_REFRESH_S:  # a leader's HW may lag a while
-                ends, ends_at = _high_watermarks(probe, topic, keys), time.monotonic()
+            # Ask again now and then: an end that could not be read (or a log truncated on a
+            # leader change since) must not keep the reads waiting for the deadline.
+            if time.monotonic() - ends_at > FINAL_REFRESH_S:
+                ends, ends_at = read_ends(), time.monotonic()
             continue
         # Caught up with the ends read earlier: confirm against fresh ones before stopping.
-        ends, ends_at = _high_watermarks(probe, topic, keys), time.monotonic()
+        ends, ends_at = read_ends(), time.monotonic()
         if not _behind(positions, ends):
             return None
-    behind = {k: (positions.get(k, 0), ends.get(k, 0)) for k in _behind(positions, ends)}
+    behind = {k: (positions.get(k, 0), known_ends.get(k, "unknown"))
+              for k in _behind(positions, ends)}
     return ("final reads did not reach the high watermark before the deadline "
-            f"(key: (position, high watermark)): {behind}")
+            f"(key: (position, last high watermark read)): {behind}")
 
 
 def _behind(positions: dict[str, int], ends: dict[str, int]) -> list[str]:
     return sorted(k for k, end in ends.items() if positions.get(k, 0) < end)
 
 
-def _high_watermarks(consumer: Any, topic: str, keys: Sequence[str]) -> dict[str, int]:
-    """Each key's high watermark as ``consumer`` sees it (the LSO for a read_committed one);
-    a key whose watermark cannot be read gets an unreachable end, so the reads go on polling
-    until the deadline rather than stop early."""
+def _high_watermarks(consumer: Any, topic: str, keys: Sequence[str],
+                     deadline_s: float) -> dict[str, int]:
+    """The high watermark of each key whose watermark ``consumer`` could read before the
+    deadline (the LSO for a read_committed consumer)."""
     from confluent_kafka import TopicPartition
 
     ends: dict[str, int] = {}
     for k in keys:
+        timeout_s = min(WATERMARK_TIMEOUT_S, deadline_s - time.monotonic())
+        if timeout_s <= 0:
+            break
         try:
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition_of(k)),
-                                                     timeout=5, cached=False)
+                                                     timeout=timeout_s, cached=False)
             ends[k] = int(high)
-        except Exception:  # unknown for now: asked again at the next refresh
-            ends[k] = 1 << 62
+        except Exception:  # not now (no leader, a timeout): asked again at the next refresh
+            pass
     return ends
 
 

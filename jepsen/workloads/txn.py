@@ -14,12 +14,17 @@ consumer that assigned every key from the beginning. Outcomes:
 * anything else (timeouts, fatal errors, the abort failing): ``info``, and the process is
   replaced with fresh clients (a new transactional id would leave a hanging transaction to
   the transaction timeout; reusing it fences the old producer, so the id is reused).
+
+Before the final reads every transactional id is initialised once more (see
+:meth:`TxnWorkload.final_reads`), which ends what the last client of each id left open.
 """
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -46,6 +51,14 @@ TXN_POLL_TIMEOUT_S: Final = 0.2
 INIT_TIMEOUT_S: Final = 10.0
 
 
+def transactional_config(view: ClusterView, transactional_id: str) -> dict[str, Any]:
+    return producer_config(view, {
+        "transactional.id": transactional_id,
+        "transaction.timeout.ms": int(TXN_TIMEOUT_S * 2000),
+        "acks": "all", "enable.idempotence": True,
+    })
+
+
 @dataclass
 class TxnClient:
     view: ClusterView
@@ -58,11 +71,7 @@ class TxnClient:
     def open(self, recorder: Recorder, process: int) -> None:
         from confluent_kafka import Consumer, Producer, TopicPartition
 
-        self.producer = Producer(producer_config(self.view, {
-            "transactional.id": self.transactional_id,
-            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 2000),
-            "acks": "all", "enable.idempotence": True,
-        }))
+        self.producer = Producer(transactional_config(self.view, self.transactional_id))
         self.producer.init_transactions(INIT_TIMEOUT_S)
         self.consumer = Consumer(consumer_config(
             self.view, f"jepsen-{self.view.run_id}-txn-p{process}"))
@@ -149,6 +158,7 @@ class TxnClient:
 class TxnWorkload:
     partitions: int = PARTITIONS
     name: str = "txn"
+    transactional_ids: set[str] = field(default_factory=set)  # handed out to clients
 
     def keys(self) -> list[str]:
         return [key_of(p) for p in range(self.partitions)]
@@ -160,7 +170,9 @@ class TxnWorkload:
                    worker: int) -> TxnClient:
         # One transactional id per worker: a replacement process fences its crashed
         # predecessor's producer instead of leaving its transaction hanging.
-        return TxnClient(view, self.keys(), f"jepsen-{view.run_id}-txn-{worker}")
+        transactional_id = f"jepsen-{view.run_id}-txn-{worker}"
+        self.transactional_ids.add(transactional_id)
+        return TxnClient(view, self.keys(), transactional_id)
 
     def next_op(self, rng: random.Random, next_value: Callable[[], int]) -> tuple[str, Any]:
         mops: list[list[Any]] = []
@@ -173,7 +185,40 @@ class TxnWorkload:
 
     def final_reads(self, view: ClusterView, recorder: Recorder, deadline_s: float
                     ) -> str | None:
-        return final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
+        """Restart every transactional id first, as a restarted application would: its
+        InitProducerId fences the last producer and ends any transaction it left open (commit
+        finished if it was preparing one, else aborted). Without that, a transaction whose
+        client gave up holds the partitions' LSO until ``transaction.timeout.ms``, which a
+        clock step on its coordinator can push far past the final reads' deadline."""
+        failed = fence_transactional_ids(view, sorted(self.transactional_ids), deadline_s)
+        note = final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
+        notes = ([f"could not fence transactional ids before the final reads: {failed}"]
+                 if failed else []) + ([note] if note is not None else [])
+        return "; ".join(notes) or None
 
     def check(self, history: History) -> dict[str, Any]:
         return check(history, CheckerOptions())
+
+
+def fence_transactional_ids(view: ClusterView, transactional_ids: Iterable[str],
+                            deadline_s: float) -> dict[str, str]:
+    """``init_transactions`` once for each id (bounded by the deadline); the ids that could not
+    be initialised, with why."""
+    from confluent_kafka import Producer
+
+    failed: dict[str, str] = {}
+    for transactional_id in transactional_ids:
+        timeout_s = min(INIT_TIMEOUT_S, deadline_s - time.monotonic())
+        if timeout_s <= 0:
+            failed[transactional_id] = "no time left"
+            continue
+        producer = None
+        try:
+            producer = Producer(transactional_config(view, transactional_id))
+            producer.init_transactions(timeout_s)
+        except Exception as exc:  # KafkaException, a timeout: the reads go on regardless
+            failed[transactional_id] = str(exc)
+        finally:
+            if producer is not None:
+                _close_quietly([functools.partial(producer.flush, 0)])
+    return failed
