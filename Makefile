@@ -30,7 +30,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m mypy raftlog
+	$(PY) -m mypy raftlog jepsen spark_connector bench
 
 test: $(STAMP) apt-test lint
 	$(PY) -m pytest -q -p no:cacheprovider
