@@ -357,8 +357,8 @@ def _behind(positions: dict[str, int], ends: dict[str, int]) -> list[str]:
 
 def _high_watermarks(consumer: Any, topic: str, keys: Sequence[str],
                      deadline_s: float) -> dict[str, int]:
-    """The high watermark of each key whose watermark ``consumer`` could read before the
-    deadline (the LSO for a read_committed consumer)."""
+    """The high watermark of each key that ``consumer`` (read_uncommitted) could read before
+    the deadline; keys it could not read are left out."""
     from confluent_kafka import TopicPartition
 
     ends: dict[str, int] = {}

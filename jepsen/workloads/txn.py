@@ -190,10 +190,13 @@ class TxnWorkload:
         finished if it was preparing one, else aborted). Without that, a transaction whose
         client gave up holds the partitions' LSO until ``transaction.timeout.ms``, which a
         clock step on its coordinator can push far past the final reads' deadline."""
+        notes: list[str] = []
         failed = fence_transactional_ids(view, sorted(self.transactional_ids), deadline_s)
+        if failed:
+            notes.append(f"could not fence transactional ids before the final reads: {failed}")
         note = final_reads(view, recorder, self.keys(), TOPIC, deadline_s)
-        notes = ([f"could not fence transactional ids before the final reads: {failed}"]
-                 if failed else []) + ([note] if note is not None else [])
+        if note is not None:
+            notes.append(note)
         return "; ".join(notes) or None
 
     def check(self, history: History) -> dict[str, Any]:
