@@ -47,6 +47,7 @@ from raftlog.fetch.server import (
 from raftlog.metadata import errors as metadata_errors
 from raftlog.metadata.errors import wire_error_code
 from raftlog.metadata.image import NO_LEADER, MetadataImage, TopicImage
+from raftlog.metadata.internal_topics import cleanup_policy_refusal, is_internal_topic
 from raftlog.metadata.placement import PlacementError, assign_replicas
 from raftlog.metadata.quorum import Quorum, QuorumError, QuorumTimeoutError
 from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, Record
@@ -56,12 +57,7 @@ from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
 from raftlog.partition.log import KafkaStorageError, describe_os_error
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 from raftlog.partition.replication import ReplicaManager
-from raftlog.txn.coordinator_service import (
-    OFFSETS_TOPIC,
-    TXN_TOPIC,
-    PendingVerification,
-    Verdict,
-)
+from raftlog.txn.coordinator_service import PendingVerification, Verdict
 from raftlog.txn.producer_state import BatchMetadata
 
 log = logging.getLogger(__name__)
@@ -272,7 +268,7 @@ class KafkaApis:
             for p in topic.partitions
         ]
         return {"error_code": 0, "name": name, "topic_id": uuid.UUID(bytes=topic.topic_id),
-                "is_internal": False, "partitions": partitions}
+                "is_internal": is_internal_topic(name), "partitions": partitions}
 
     def find_coordinator(self, ctx: RequestContext) -> HandlerResult:
         # Group and transaction coordinators are later milestones. The API is advertised now
@@ -302,8 +298,11 @@ class KafkaApis:
         transactional_id = request.transactional_id if version >= 3 else None
         for topic in request.topic_data:
             for data in topic.partition_data:
-                result, wait = self._append(topic.name, data.index, data.records, request.acks,
-                                            transactional_id)
+                if is_internal_topic(topic.name):  # coordinators append there, never Produce
+                    result, wait = _internal_topic_refusal(topic.name, data.index), None
+                else:
+                    result, wait = self._append(topic.name, data.index, data.records,
+                                                request.acks, transactional_id)
                 results.setdefault(topic.name, []).append(result)
                 if isinstance(wait, _VerifiedAppend):
                     verifying.append(wait)
@@ -848,6 +847,9 @@ class KafkaApis:
         unknown = sorted(set(configs) - TOPIC_CONFIG_KEYS)
         if unknown:
             return ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {unknown[0]}"
+        refusal = cleanup_policy_refusal(name, configs.get("cleanup.policy"))
+        if refusal is not None:  # the coordinators create them compacted; so must anyone
+            return ErrorCode.INVALID_CONFIG, refusal
         if num_partitions == -1:
             num_partitions = self.config.num_partitions
         if replication_factor == -1:
@@ -890,6 +892,9 @@ class KafkaApis:
                 topic = self.quorum.image.topics.get(name)
                 if topic is None:
                     code: int = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif is_internal_topic(name):  # the coordinators' state: see internal_topics
+                    log.info("refused to delete internal topic %s", name)
+                    code = ErrorCode.INVALID_TOPIC_EXCEPTION
                 else:
                     code, _ = await self._propose(DeleteTopic(name=name, topic_id=topic.topic_id))
                 responses.append({"name": name, "error_code": code})
@@ -929,6 +934,9 @@ class KafkaApis:
             topic = self.quorum.image.topics.get(name)
             if topic is None:
                 return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist."
+            if is_internal_topic(name):  # keys are routed by hash % partition count
+                return (ErrorCode.INVALID_TOPIC_EXCEPTION,
+                        f"Cannot add partitions to internal topic {name}.")
             try:
                 planned = self._plan_partitions(topic, count, assignments)
             except _Refused as refused:
@@ -1130,8 +1138,8 @@ def _delete_offset(topic: str, partition: Partition | None, requested_offset: in
     move the log start to (a requested -1 means the high watermark). UNKNOWN_TOPIC_OR_PARTITION
     when it is not here (the caller tells that from NOT_LEADER_OR_FOLLOWER with the image).
     Never above the HW: the log start must not pass it (see ``enforce_retention``)."""
-    if topic in (OFFSETS_TOPIC, TXN_TOPIC):
-        return ErrorCode.INVALID_TOPIC_EXCEPTION, -1  # internal topics
+    if is_internal_topic(topic):
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, -1  # as Kafka's ReplicaManager
     if partition is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
     if not partition.is_leader:
@@ -1203,6 +1211,16 @@ def _too_many_partitions(names: Iterable[str], key: str = "topics") -> Body:
 def _is_idempotent(records: memoryview) -> bool:
     """Whether the first batch carries a producer id (raw header read; validated after)."""
     return len(records) >= 51 and _PRODUCER_ID.unpack_from(records, 43)[0] >= 0
+
+
+def _internal_topic_refusal(topic: str, index: int) -> Body:
+    """Kafka's answer to a client's Produce to an internal topic (ReplicaManager: "Cannot
+    append to internal topic"): nothing is written, so no client can put a record there
+    that the coordinators' replay would have to make sense of."""
+    result: Body = {"index": index, "error_code": 0, "base_offset": -1,
+                    "log_append_time_ms": -1, "log_start_offset": -1}
+    return _record_error(result, ErrorCode.INVALID_TOPIC_EXCEPTION,
+                         f"Cannot append to internal topic {topic}")
 
 
 def _record_error(result: Body, code: ErrorCode, message: str) -> Body:

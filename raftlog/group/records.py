@@ -26,7 +26,9 @@ _I64 = struct.Struct(">q")
 
 
 class RecordFormatError(ValueError):
-    """A key or value that is not one of the layouts above."""
+    """A key or value that is not one of the layouts above: an unknown version, a truncated
+    or overrunning field, a string that is not UTF-8. The decoders raise nothing else for any
+    input bytes, so a replay can skip such a record instead of failing its load."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,12 @@ class _Cursor:
 
     def nullable_string(self) -> str | None:
         size = self.i16()
-        return None if size == -1 else self.raw(size).decode()
+        if size == -1:
+            return None
+        try:
+            return self.raw(size).decode()
+        except UnicodeDecodeError as exc:
+            raise RecordFormatError(f"string field is not UTF-8: {exc}") from exc
 
     def string(self) -> str:
         value = self.nullable_string()

@@ -53,13 +53,16 @@ from raftlog.group.records import (
 )
 from raftlog.group.txn_offsets import TxnOffsets
 from raftlog.metadata.image import NO_LEADER
+from raftlog.metadata.internal_topics import OFFSETS_TOPIC, UndecodableRecords
 from raftlog.metadata.quorum import Quorum
-from raftlog.partition.batch import build_batch, check_batch, decode_records
+from raftlog.partition.batch import BatchHeader, Record, build_batch, check_batch, decode_records
+from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.manager import PartitionManager
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC: Final = "__consumer_offsets"
+__all__ = ["OFFSETS_TOPIC", "OFFSETS_TOPIC_PARTITIONS", "GroupService", "partition_for"]
+
 OFFSETS_TOPIC_PARTITIONS: Final = 10  # Kafka: offsets.topic.num.partitions=50
 OFFSETS_TOPIC_REPLICATION_MAX: Final = 3
 OFFSETS_TOPIC_CONFIGS: Final = {"cleanup.policy": "compact", "segment.bytes": str(100 << 20)}
@@ -128,6 +131,8 @@ class GroupService:
         self._creating = False
         # Offsets in transactions (raftlog.group.txn_offsets): the PendingOffsets seam.
         self.txn_offsets = TxnOffsets(self)
+        # Records (or unreadable batches) of __consumer_offsets that loads skipped, since start.
+        self.undecodable_records_skipped = 0
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -266,6 +271,7 @@ class GroupService:
         now = self.now_ms()
         loaded = 0
         groups: set[str] = set()
+        skipped = UndecodableRecords()
         while offset < plog.log_end_offset:
             with plog.read(offset, LOAD_CHUNK_BYTES, max_offset=plog.log_end_offset) as read:
                 data = read.read_bytes()
@@ -275,24 +281,42 @@ class GroupService:
             while position < len(data):
                 header = check_batch(data, position)
                 end = position + header.size_bytes
-                if self.txn_offsets.replay_batch(index, header, data[position:end], offset):
-                    pass  # transactional offsets and markers
-                elif not header.is_control:
-                    for record in decode_records(data[position:end]):
-                        if record.offset >= offset:
-                            self._replay(record.key, record.value, now, groups)
-                            loaded += 1
+                loaded += self._replay_batch(index, header, data[position:end], offset, now,
+                                             groups, skipped)
                 offset = max(offset, header.next_offset)
                 position = end
             await trio.lowlevel.checkpoint()
         # Members' sessions start when the load ends (as Kafka schedules their heartbeat
         # expirations then): a load longer than session.timeout.ms must not evict them all.
         self.core.restart_sessions(groups, self.now_ms())
+        if skipped.count:
+            self.undecodable_records_skipped += skipped.count
+            log.warning("%s", skipped.summary(f"{OFFSETS_TOPIC}-{index}"))
         log.info("loaded %d records of %s-%d (leader epoch %d)", loaded, OFFSETS_TOPIC, index,
                  partition.leader_epoch)
 
-    def _replay(self, key: bytes | None, value: bytes | None, now_ms: int,
-                groups: set[str] | None = None) -> None:
+    def _replay_batch(self, index: int, header: BatchHeader, batch: bytes, from_offset: int,
+                      now_ms: int, groups: set[str], skipped: UndecodableRecords) -> int:
+        """Replay one batch of offsets partition ``index``: the number of plain records
+        replayed. A batch whose records cannot be read (a compressed batch, a record that
+        overruns it) is skipped as one undecodable record; the load goes on."""
+        try:
+            if self.txn_offsets.replay_batch(index, header, batch, from_offset, skipped):
+                return 0  # transactional offsets and markers
+            records = decode_records(batch)
+        except PartitionLogError as exc:
+            skipped.add(header.base_offset, f"unreadable batch: {exc}")
+            return 0
+        replayed = 0
+        for record in records:
+            if record.offset >= from_offset:
+                self._replay(record, now_ms, groups, skipped)
+                replayed += 1
+        return replayed
+
+    def _replay(self, record: Record, now_ms: int, groups: set[str],
+                skipped: UndecodableRecords) -> None:
+        key, value = record.key, record.value
         if key is None:
             return
         try:
@@ -303,10 +327,9 @@ class GroupService:
             elif isinstance(parsed, GroupKey):
                 self.core.load_group(parsed.group,
                                      None if value is None else decode_group_value(value), now_ms)
-                if groups is not None:
-                    groups.add(parsed.group)
+                groups.add(parsed.group)
         except RecordFormatError as exc:
-            log.warning("skipping an unreadable %s record: %s", OFFSETS_TOPIC, exc)
+            skipped.add(record.offset, str(exc))
 
     # -- effects: persist the core's writes, then answer its waiting requests -----------------
 

@@ -45,6 +45,7 @@ from raftlog.group.records import (
     decode_key,
     decode_offset_value,
 )
+from raftlog.metadata.internal_topics import OFFSETS_TOPIC, UndecodableRecords
 from raftlog.partition.batch import BatchHeader, build_batch, decode_records, parse_header
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.manager import Replicated
@@ -160,9 +161,10 @@ class TxnOffsets:
     # -- replay (GroupService._load) -----------------------------------------------------------
 
     def replay_batch(self, index: int, header: BatchHeader, batch: bytes | memoryview,
-                     from_offset: int) -> bool:
+                     from_offset: int, skipped: UndecodableRecords) -> bool:
         """Handle one transactional or control batch of the offsets log; False if it is a
-        plain batch the caller replays itself."""
+        plain batch the caller replays itself. A record it cannot decode is counted in
+        ``skipped``; an unreadable batch raises PartitionLogError (the caller skips it)."""
         if header.is_control:
             for record in decode_records(bytes(batch), include_control=True):
                 if record.key is not None and len(record.key) >= 4:
@@ -182,7 +184,7 @@ class TxnOffsets:
                                        {(key.topic, key.partition):
                                         decode_offset_value(record.value)})
             except RecordFormatError as exc:
-                log.warning("skipping an unreadable transactional offsets record: %s", exc)
+                skipped.add(record.offset, f"transactional offsets record: {exc}")
         return True
 
     def unload(self, index: int) -> None:
@@ -191,8 +193,6 @@ class TxnOffsets:
     # -- TxnOffsetCommit ---------------------------------------------------------------------
 
     def txn_offset_commit(self, ctx: RequestContext) -> HandlerResult:
-        from raftlog.group.service import OFFSETS_TOPIC
-
         service = self.service
         request = ctx.body
         version = ctx.header.api_version
@@ -283,8 +283,6 @@ class TxnOffsets:
         """Whether the group's offsets partition is in the producer's ongoing transaction
         (AddOffsetsToTxn added it), asked of the transaction coordinator wherever it is —
         Kafka's AddPartitionsToTxn v4 verify_only, as on the produce path."""
-        from raftlog.group.service import OFFSETS_TOPIC
-
         apis = self.service.apis
         if apis.txn_produce_verifier is not None:
             return apis.txn_produce_verifier(OFFSETS_TOPIC, index, transactional_id or None,

@@ -53,6 +53,7 @@ from raftlog.config import (
 )
 from raftlog.metadata import errors
 from raftlog.metadata.image import NO_LEADER, BrokerImage, MetadataImage, PartitionImage
+from raftlog.metadata.internal_topics import cleanup_policy_refusal
 from raftlog.metadata.placement import assign_replicas
 from raftlog.metadata.records import (
     AlterConfigs,
@@ -666,6 +667,12 @@ def plan_config_change(
         wanted = _apply_config_ops(request, current, defaults)
     except _ConfigRefused as refused:
         return _rejected(refused.error_code, str(refused))
+    if request.resource_type == CONFIG_RESOURCE_TOPIC:
+        # The effective policy: an override, else the topic default it would fall back to.
+        policy = wanted.get("cleanup.policy", defaults.get("cleanup.policy"))
+        problem = cleanup_policy_refusal(request.resource_name, policy)
+        if problem is not None:
+            return _rejected(errors.INVALID_CONFIG, problem)
     delete = tuple(sorted(set(current) - set(wanted)))
     changed = tuple(sorted((k, v) for k, v in wanted.items() if current.get(k) != v))
     if not delete and not changed:

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_TXN_TIMEOUT_MS",
     "Transition",
     "TxnMetadata",
+    "TxnRecordError",
     "TxnState",
     "add_partitions",
     "begin_timeout_abort",
@@ -46,6 +47,7 @@ __all__ = [
     "end_txn",
     "init_producer_id",
     "partition_for",
+    "replay_record",
     "timed_out",
 ]
 
@@ -297,20 +299,97 @@ def encode_metadata(metadata: TxnMetadata) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+class TxnRecordError(ValueError):
+    """A ``__transaction_state`` record this coordinator cannot decode: a key that is not
+    UTF-8, a value that is not the JSON object ``encode_metadata`` writes (an unknown version,
+    a missing field, a field of the wrong type or out of its wire range). The decoders raise
+    nothing else for any input bytes, so the replay skips the record instead of failing."""
+
+
+_INT16: Final = 16
+_INT32: Final = 32
+_INT64: Final = 64
+_VALUE_VERSION: Final = 0
+
+
+def decode_transactional_id(key: bytes) -> str:
+    try:
+        return key.decode()
+    except UnicodeDecodeError as exc:
+        raise TxnRecordError(f"transactional id is not UTF-8: {exc}") from exc
+
+
 def decode_metadata(transactional_id: str, data: bytes) -> TxnMetadata:
-    value = json.loads(data)
-    return TxnMetadata(
-        transactional_id=transactional_id,
-        producer_id=int(value["producer_id"]),
-        producer_epoch=int(value["producer_epoch"]),
-        timeout_ms=int(value["timeout_ms"]),
-        state=TxnState(value["state"]),
-        partitions=frozenset((str(t), int(p)) for t, p in value["partitions"]),
-        txn_start_ms=int(value["txn_start_ms"]),
-        last_update_ms=int(value["last_update_ms"]),
-        last_producer_epoch=int(value.get("last_producer_epoch", NO_EPOCH)),
-        groups=frozenset(value.get("groups", ())),
-    )
+    """The value ``encode_metadata`` wrote, checked field by field: every number must fit the
+    wire field it is answered in (producer id int64, epochs int16, timeout int32), so a bad
+    record cannot turn into a failed response encoding later."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise TxnRecordError(f"value is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise TxnRecordError(f"value is a JSON {type(value).__name__}, not an object")
+    try:
+        if value.get("v", _VALUE_VERSION) != _VALUE_VERSION:
+            raise ValueError(f"unknown value version {value.get('v')!r}")
+        return TxnMetadata(
+            transactional_id=transactional_id,
+            producer_id=_int(value, "producer_id", _INT64),
+            producer_epoch=_int(value, "producer_epoch", _INT16),
+            timeout_ms=_int(value, "timeout_ms", _INT32),
+            state=TxnState(value["state"]),
+            partitions=frozenset(_topic_partition(tp) for tp in _list(value, "partitions")),
+            txn_start_ms=_int(value, "txn_start_ms", _INT64),
+            last_update_ms=_int(value, "last_update_ms", _INT64),
+            last_producer_epoch=_int(value, "last_producer_epoch", _INT16, NO_EPOCH),
+            groups=frozenset(_str(group) for group in _list(value, "groups", required=False)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TxnRecordError(f"bad transaction metadata: {exc!r}") from exc
+
+
+def _int(value: dict[str, Any], key: str, bits: int, default: int | None = None) -> int:
+    number = value.get(key, default)
+    if type(number) is not int:  # not bool, float or str: what encode_metadata never writes
+        raise TypeError(f"{key} is {number!r}, not an integer")
+    if not -(1 << (bits - 1)) <= number < 1 << (bits - 1):
+        raise ValueError(f"{key} {number} does not fit int{bits}")
+    return number
+
+
+def _list(value: dict[str, Any], key: str, *, required: bool = True) -> list[Any]:
+    if not required and key not in value:
+        return []
+    items = value[key]
+    if not isinstance(items, list):
+        raise TypeError(f"{key} is {items!r}, not a list")
+    return items
+
+
+def _str(item: Any) -> str:
+    if not isinstance(item, str):
+        raise TypeError(f"{item!r} is not a string")
+    return item
+
+
+def _topic_partition(item: Any) -> TopicPartition:
+    if not isinstance(item, list) or len(item) != 2:
+        raise TypeError(f"partition {item!r} is not [topic, index]")
+    topic, index = item
+    number = _int({"partition": index}, "partition", _INT32)
+    if number < 0:
+        raise ValueError(f"partition index {number} is negative")
+    return _str(topic), number
+
+
+def replay_record(txns: dict[str, TxnMetadata], key: bytes, value: bytes | None) -> None:
+    """Apply one ``__transaction_state`` record to ``txns`` (the last record of an id wins; a
+    null value deletes the id). Raises TxnRecordError, with ``txns`` unchanged."""
+    transactional_id = decode_transactional_id(key)
+    if value is None:
+        txns.pop(transactional_id, None)
+    else:
+        txns[transactional_id] = decode_metadata(transactional_id, value)
 
 
 @dataclass

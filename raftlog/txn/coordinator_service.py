@@ -46,8 +46,13 @@ from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
 from raftlog.fetch.server import Body
 from raftlog.metadata.image import NO_LEADER, MetadataImage
+from raftlog.metadata.internal_topics import (
+    OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    UndecodableRecords,
+)
 from raftlog.metadata.quorum import Quorum
-from raftlog.partition.batch import build_batch, decode_records, parse_header
+from raftlog.partition.batch import BatchHeader, build_batch, check_batch, decode_records
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.manager import Partition, PartitionManager, Replicated, now_ms
 from raftlog.partition.txn_index import build_marker
@@ -61,6 +66,7 @@ from raftlog.txn.coordinator import (
 from raftlog.txn.producer_state import NO_OFFSET, header_at
 
 __all__ = [
+    "OFFSETS_TOPIC",
     "TXN_TOPIC",
     "CoordinatorLookup",
     "PendingOffsets",
@@ -72,8 +78,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TXN_TOPIC: Final = "__transaction_state"
-OFFSETS_TOPIC: Final = "__consumer_offsets"  # raftlog.group.service.OFFSETS_TOPIC
+TXN_TOPIC: Final = TRANSACTION_STATE_TOPIC
 TRANSACTIONAL_ID_NOT_FOUND: Final = 105  # not in raftlog.fetch.errors.ErrorCode
 PERSIST_TIMEOUT_S: Final = 10.0
 MARKER_RETRY_S: Final = 0.2
@@ -189,6 +194,8 @@ class TxnCoordinatorService:
         self._verifications: dict[tuple[str, int, int, int], PendingVerification] = {}
         self._verify_connections: dict[int, KafkaConnection] = {}
         self._verify_guards: dict[tuple[str, int, int], object] = {}
+        # Records (or unreadable batches) of __transaction_state that loads skipped.
+        self.undecodable_records_skipped = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -233,9 +240,12 @@ class TxnCoordinatorService:
     async def _load(self, index: int, partition: Partition) -> None:
         try:
             epoch = partition.leader_epoch
-            txns = await trio.to_thread.run_sync(_replay, partition)
+            txns, skipped = await trio.to_thread.run_sync(_replay, partition)
             if not partition.is_leader or partition.leader_epoch != epoch:
                 return
+            if skipped.count:
+                self.undecodable_records_skipped += skipped.count
+                log.warning("%s", skipped.summary(f"{TXN_TOPIC}-{index}"))
             state = CoordinatorPartitionState(index, epoch, txns)
             self.owned[index] = state
             log.info("transaction coordinator for %s-%d (epoch %d): %d transactional ids",
@@ -866,9 +876,12 @@ def _marker_retriable(code: int) -> bool:
                         ErrorCode.TRANSACTION_COORDINATOR_FENCED)
 
 
-def _replay(partition: Partition) -> dict[str, TxnMetadata]:
-    """Every record of a ``__transaction_state`` partition, the last per id winning."""
+def _replay(partition: Partition) -> tuple[dict[str, TxnMetadata], UndecodableRecords]:
+    """Every record of a ``__transaction_state`` partition, the last per id winning, and what
+    could not be decoded: skipped (as Kafka skips unknown record versions), never fatal, so
+    one bad record cannot keep the partition's transactional ids unavailable."""
     txns: dict[str, TxnMetadata] = {}
+    skipped = UndecodableRecords()
     log_ = partition.log
     offset = log_.log_start_offset
     end = log_.log_end_offset
@@ -877,22 +890,32 @@ def _replay(partition: Partition) -> dict[str, TxnMetadata]:
             data = piece.read_bytes()
         if not data:
             break
-        for record in decode_records(data):
-            if record.offset < offset or record.key is None:
-                continue
-            txn_id = record.key.decode()
-            if record.value is None:
-                txns.pop(txn_id, None)
-            else:
-                txns[txn_id] = core.decode_metadata(txn_id, record.value)
         next_offset = offset
         position = 0
         while position < len(data):
-            header = parse_header(data, position)
+            header = check_batch(data, position)
+            _replay_batch(txns, header, data[position:position + header.size_bytes], offset,
+                          skipped)
             next_offset = header.next_offset
             position += header.size_bytes
         offset = max(next_offset, offset + 1)
-    return txns
+    return txns, skipped
+
+
+def _replay_batch(txns: dict[str, TxnMetadata], header: BatchHeader, batch: bytes,
+                  from_offset: int, skipped: UndecodableRecords) -> None:
+    try:
+        records = decode_records(batch)  # control batches: none (no markers are written here)
+    except PartitionLogError as exc:  # a compressed batch, a record overrunning the batch
+        skipped.add(header.base_offset, f"unreadable batch: {exc}")
+        return
+    for record in records:
+        if record.offset < from_offset or record.key is None:
+            continue
+        try:
+            core.replay_record(txns, record.key, record.value)
+        except core.TxnRecordError as exc:
+            skipped.add(record.offset, str(exc))
 
 
 def error_body(code: int) -> Body:
