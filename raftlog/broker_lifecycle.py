@@ -32,8 +32,9 @@ import trio
 
 from raftlog.config import ServerConfig
 from raftlog.fetch import codec
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
+from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.fetch.codec import Api, Struct
+from raftlog.fetch.sasl_apis import local_session
 from raftlog.fetch.schemas import (
     ALLOCATE_PRODUCER_IDS,
     ALTER_PARTITION,
@@ -48,6 +49,7 @@ from raftlog.metadata.controller import (
 )
 from raftlog.metadata.image import PartitionImage
 from raftlog.metadata.quorum import Quorum, QuorumTimeoutError
+from raftlog.security.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +83,16 @@ def _default_is_not_controller(response: Struct) -> bool:
 
 
 async def call_in_process(
-    handler: Handler, api: Api, version: int, body: Mapping[str, Any]
+    handler: Handler, api: Api, version: int, body: Mapping[str, Any],
+    session: Session | None = None,
 ) -> Struct:
     """Run ``handler`` on ``body`` as if it had arrived over the network, and return the
     decoded response (both directions go through the codec, so the semantics are the same)."""
     payload = codec.encode_bytes(api, version, body, is_request=True)
     request = codec.decode(api, version, payload, is_request=True)
     header = codec.RequestHeader(api.key, version, 0, "in-process")
-    result = handler(RequestContext(api, header, request, "in-process"))
+    result = handler(RequestContext(api, header, request, "in-process",
+                                    session or Session("in-process")))
     if result is not None and not isinstance(result, dict):
         result = await result()
     if result is None:
@@ -105,8 +109,11 @@ class ControllerChannel:
         quorum: Quorum,
         *,
         local_handlers: Mapping[int, Handler] | None = None,
+        login: ClusterLogin | None = None,
     ) -> None:
         self.node_id = node_id
+        self._login = login
+        self._local_session = local_session(node_id)
         self._quorum = quorum
         self._local_handlers = local_handlers
         # Only for the peer's logs: a forwarded request is recognised by its Envelope.
@@ -179,7 +186,7 @@ class ControllerChannel:
         handler = None if self._local_handlers is None else self._local_handlers.get(api.key)
         if target == self.node_id and handler is not None:
             with trio.fail_after(timeout_s):
-                return await call_in_process(handler, api, version, body)
+                return await call_in_process(handler, api, version, body, self._local_session)
         broker = self._quorum.image.brokers.get(target)
         if broker is None:
             raise KafkaClientError(f"node {target} has not registered an address yet")
@@ -204,7 +211,8 @@ class ControllerChannel:
                     await self._drop(target)
                 with trio.fail_after(min(timeout_s, CONNECT_TIMEOUT_S)):
                     connection = await KafkaConnection.connect(
-                        *address, client_id=self._client_id, timeout_s=CONNECT_TIMEOUT_S
+                        *address, client_id=self._client_id, timeout_s=CONNECT_TIMEOUT_S,
+                        login=self._login,
                     )
                 self._connections[target] = (address, connection)
                 return connection

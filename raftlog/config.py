@@ -875,6 +875,12 @@ def _parse_cluster_id(props: _Properties) -> str | None:
     return text
 
 
+def raft_secret_of(properties: Mapping[str, str]) -> str | None:
+    """``raft.secret`` or the contents of ``raft.secret.file`` in ``properties`` (an operator
+    tool's ``--command-config``), or None."""
+    return _parse_raft_secret(_Properties(properties))
+
+
 def _parse_raft_secret(props: _Properties) -> str | None:
     if props.is_set("raft.secret") and props.is_set("raft.secret.file"):
         raise ConfigError("raft.secret", "set raft.secret or raft.secret.file, not both")

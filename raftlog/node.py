@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import resource
 import signal
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final
@@ -38,8 +39,10 @@ from raftlog.broker_lifecycle import (
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ServerConfig
 from raftlog.fetch.apis import KafkaApis
+from raftlog.fetch.client import ClusterLogin
 from raftlog.fetch.controller_apis import ControllerApis
 from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.sasl_apis import ClusterActionGate, SaslApis
 from raftlog.fetch.schemas import API_VERSIONS
 from raftlog.fetch.server import (
     Handler,
@@ -57,6 +60,7 @@ from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.replication import ReplicaManager, ReplicationSettings
+from raftlog.security.session import BROKER_EPOCH_EXTENSION, ClusterCredentials, broker_user
 from raftlog.txn.apis import ProducerApis
 from raftlog.txn.coordinator_service import TxnSettings
 from raftlog.txn.producer_ids import ProducerIdManager
@@ -123,11 +127,17 @@ class Node:
         config = self.config
         host, port = config.listener("PLAINTEXT")
         is_broker = "broker" in config.process_roles
-        channel = ControllerChannel(config.node_id, quorum)
+        credentials = ClusterCredentials(config.raft_secret) if config.raft_secret else None
+        incarnation_id = _local_incarnation(quorum, config.node_id) or uuid.uuid4().hex
+        login = None if credentials is None else ClusterLogin(
+            credentials, broker_user(config.node_id),
+            extensions=lambda: _broker_epoch_extension(quorum, config.node_id, incarnation_id))
+        gate = ClusterActionGate()
+        channel = ControllerChannel(config.node_id, quorum, login=login)
         lifecycle = BrokerLifecycle(
             self._configured, quorum, channel,
             advertised=config.advertised_listener(),
-            incarnation_id=_local_incarnation(quorum, config.node_id),
+            incarnation_id=incarnation_id,
         )  # fmt: skip
         replicas = ReplicaManager(
             self.manager,
@@ -142,8 +152,9 @@ class Node:
             # Lead nothing until this incarnation is registered and unfenced: the image
             # replayed at start-up is stale (see ReplicaManager._may_lead).
             incarnation_id=lifecycle.incarnation_id,
+            login=login,
         )
-        apis = KafkaApis(config, quorum, self.manager, replicas)
+        apis = KafkaApis(config, quorum, self.manager, replicas, gate=gate)
         apis.metadata_caught_up = lambda: _registered_in_image(quorum, lifecycle, is_broker)
         controller = ControllerService(quorum, settings_from_config(self._configured))
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
@@ -154,14 +165,14 @@ class Node:
         producer_apis = ProducerApis(producer_ids)
         handlers = _merge_handlers(
             apis.handlers(), producer_apis.handlers(), controller_apis.handlers(),
-            groups.handlers,
+            groups.handlers, SaslApis(credentials).handlers(),
         )
         # --- transactions (raftlog.txn): coordinator, txn handlers, produce verification ---
         txn_service = install_transactions(
             config.node_id, quorum, self.manager, apis, producer_apis, producer_ids, channel,
             handlers, set_transaction_lookup=groups.coordinators.set_transaction_lookup,
             pending_offsets=groups.service.txn_offsets,
-            settings=TxnSettings.from_config(config))
+            settings=TxnSettings.from_config(config), gate=gate, login=login)
         # --- end transactions ---
         channel.set_local_handlers(controller_apis.handlers())
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
@@ -179,7 +190,7 @@ class Node:
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 self.kafka_port = await nursery.start(
-                    serve_listener, host, port, handlers, limits
+                    serve_listener, host, port, gate.wrap(handlers), limits
                 )
                 if config.is_controller:
                     await nursery.start(controller.run)
@@ -213,6 +224,15 @@ def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:
         return None
     broker = quorum.image.brokers.get(node_id)
     return None if broker is None else broker.incarnation_id
+
+
+def _broker_epoch_extension(quorum: Quorum, node_id: int, incarnation_id: str
+                            ) -> dict[str, str]:
+    """The broker epoch this node's connections claim (KIP-903): its registration's, once
+    the image holds this incarnation's registration, else -1."""
+    me = quorum.image.brokers.get(node_id)
+    epoch = me.epoch if me is not None and me.incarnation_id == incarnation_id else -1
+    return {BROKER_EPOCH_EXTENSION: str(epoch)}
 
 
 def _registered_in_image(quorum: Quorum, lifecycle: BrokerLifecycle, is_broker: bool) -> bool:

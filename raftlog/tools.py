@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from raftlog.compression import decompress_batches
-from raftlog.fetch.client import KafkaClientError, KafkaConnection, connect_any
+from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection, connect_any
 from raftlog.fetch.codec import Struct
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import (
@@ -79,10 +79,14 @@ class Cluster:
     brokers: dict[int, tuple[str, int]]
     connections: dict[int, KafkaConnection]
 
+    # Set when the tool authenticates as the cluster admin (``--command-config``): every
+    # connection it opens proves the secret.
+    login: ClusterLogin | None = None
+
     @classmethod
-    async def connect(cls, bootstrap: str) -> Cluster:
-        connection = await connect_any(bootstrap)
-        return cls(connection, {}, {})
+    async def connect(cls, bootstrap: str, login: ClusterLogin | None = None) -> Cluster:
+        connection = await connect_any(bootstrap, login=login)
+        return cls(connection, {}, {}, login)
 
     async def metadata(self, topics: Sequence[str] | None) -> Struct:
         body = {"topics": None if topics is None else [{"name": t} for t in topics],
@@ -96,7 +100,8 @@ class Cluster:
             if node_id not in self.brokers:
                 raise KafkaClientError(f"leader {node_id} is not in the metadata")
             host, port = self.brokers[node_id]
-            self.connections[node_id] = await KafkaConnection.connect(host, port)
+            self.connections[node_id] = await KafkaConnection.connect(host, port,
+                                                                      login=self.login)
         return self.connections[node_id]
 
     async def partition_leaders(self, topic: str) -> dict[int, int]:

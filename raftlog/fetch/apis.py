@@ -22,6 +22,7 @@ import trio
 from raftlog.config import BROKER_TO_TOPIC_CONFIG, TOPIC_CONFIG_KEYS, ServerConfig
 from raftlog.fetch.codec import Struct
 from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.sasl_apis import ClusterActionGate
 from raftlog.fetch.schemas import (
     API_VERSIONS,
     CREATE_PARTITIONS,
@@ -140,10 +141,13 @@ class KafkaApis:
         quorum: Quorum,
         manager: PartitionManager,
         replicas: ReplicaManager | None = None,
+        gate: ClusterActionGate | None = None,
     ) -> None:
         self.config = config
         self.quorum = quorum
         self.manager = manager
+        # Replica fetches are cluster actions: only an authenticated broker, as itself.
+        self.gate = ClusterActionGate() if gate is None else gate
         self.replicas = ReplicaManager(manager) if replicas is None else replicas
         # Transactions (raftlog.txn.install): (topic, partition, producer id, epoch) ->
         # None when a transactional batch may be appended, else (error code, message).
@@ -478,6 +482,10 @@ class KafkaApis:
 
     def fetch(self, ctx: RequestContext) -> HandlerResult:
         request = ctx.body
+        if request.replica_id >= 0:
+            refused = self._replica_fetch_error(ctx, request.replica_id)
+            if refused:
+                return _fetch_refused(request, refused)
         plan = FetchPlan(
             version=ctx.header.api_version,
             isolation_level=request.isolation_level,
@@ -505,6 +513,25 @@ class KafkaApis:
                 _close_regions(body)
 
         return long_poll
+
+    def _replica_fetch_error(self, ctx: RequestContext, replica_id: int) -> ErrorCode | None:
+        """Why a fetch naming ``replica_id`` may not count as that replica's (Kafka:
+        ClusterAction, then KIP-903's broker epoch), or None. Only a follower's own fetch may
+        move the high watermark."""
+        session = ctx.session
+        if not self.gate.allows(ctx):
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        if session.broker_id != replica_id:
+            log.warning("refused a Fetch from %s (%s) for replica %d: not that broker",
+                        ctx.peer, session.principal, replica_id)
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        broker = self.quorum.image.brokers.get(replica_id)
+        if broker is None or broker.epoch != session.broker_epoch:
+            log.info("Fetch from replica %d with broker epoch %d, registered epoch %s:"
+                     " STALE_BROKER_EPOCH", replica_id, session.broker_epoch,
+                     "none" if broker is None else broker.epoch)
+            return ErrorCode.STALE_BROKER_EPOCH
+        return None
 
     def _fetch_complete(self, plan: FetchPlan, total_bytes: int, failed: bool) -> bool:
         """Whether a Fetch answers now rather than (keep) waiting, deadline aside: min_bytes
@@ -778,6 +805,14 @@ class KafkaApis:
         """Where a leader epoch ends in this log (KIP-101/279): followers truncate to it,
         KIP-320 consumers validate their position with it."""
         request = ctx.body
+        if request.replica_id >= 0 and not self.gate.allows(ctx):
+            # Kafka: a replica's OffsetForLeaderEpoch is a cluster action.
+            return {"throttle_time_ms": 0, "topics": [
+                {"topic": topic.topic, "partitions": [
+                    {"error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                     "partition": p.partition, "leader_epoch": -1, "end_offset": -1}
+                    for p in topic.partitions]}
+                for topic in request.topics]}
         topics = []
         for topic in request.topics:
             parts = [self._epoch_end_offset(topic.topic, p, request.replica_id)
@@ -1305,3 +1340,14 @@ class _AckWait:
             # Kafka: the records are in, but the ISR shrank below the minimum meanwhile.
             return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
         return self.result["error_code"]  # type: ignore[no-any-return]
+
+
+def _fetch_refused(request: Struct, error: ErrorCode) -> Body:
+    """A Fetch answered with ``error`` for every partition, nothing read."""
+    return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [
+        {"topic": topic.topic, "partitions": [
+            {"partition_index": p.partition, "error_code": error, "high_watermark": -1,
+             "last_stable_offset": -1, "log_start_offset": -1, "records": b"",
+             "aborted_transactions": None}
+            for p in topic.partitions]}
+        for topic in request.topics]}

@@ -8,7 +8,8 @@ sends requests one at a time (responses come back in order, so a lock is enough)
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -17,6 +18,9 @@ from raftlog.fetch import codec
 from raftlog.fetch.codec import Api, Struct
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import API_VERSIONS
+from raftlog.fetch.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
+from raftlog.security.scram import ScramError
+from raftlog.security.session import CLUSTER_MECHANISM, ClusterCredentials
 
 _SIZE = struct.Struct(">i")
 RESPONSE_BYTES_MAX = 256 * 1024 * 1024
@@ -38,6 +42,17 @@ def parse_bootstrap(servers: str) -> list[tuple[str, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class ClusterLogin:
+    """How a cluster member (a broker, an operator tool) proves it holds ``raft.secret``:
+    SCRAM with credentials derived from it, as ``user``. ``extensions`` is read at each
+    connect (a broker's current broker epoch)."""
+
+    credentials: ClusterCredentials
+    user: str
+    extensions: Callable[[], dict[str, str]] = field(default=dict)
+
+
 class KafkaConnection:
     """One negotiated connection to one broker."""
 
@@ -50,7 +65,8 @@ class KafkaConnection:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, client_id: str = "raftlog-cli", timeout_s: float = 5.0
+        cls, host: str, port: int, *, client_id: str = "raftlog-cli", timeout_s: float = 5.0,
+        login: ClusterLogin | None = None,
     ) -> KafkaConnection:
         try:
             with trio.fail_after(timeout_s):
@@ -58,8 +74,38 @@ class KafkaConnection:
         except (OSError, trio.TooSlowError) as exc:
             raise KafkaClientError(f"cannot connect to {host}:{port}: {exc}") from exc
         connection = cls(stream, client_id)
-        await connection._negotiate()
+        try:
+            await connection._negotiate()
+            if login is not None:
+                await connection._authenticate(login, timeout_s)
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+            raise
         return connection
+
+    async def _authenticate(self, login: ClusterLogin, timeout_s: float) -> None:
+        """SaslHandshake v1 then SaslAuthenticate: SCRAM's two round trips."""
+        shake = await self.request(SASL_HANDSHAKE, {"mechanism": CLUSTER_MECHANISM},
+                                   version=1, timeout_s=timeout_s)
+        if shake.error_code:
+            raise KafkaClientError(f"SaslHandshake refused: {ErrorCode(shake.error_code).name}"
+                                   f" (server offers {list(shake.mechanisms)})")
+        scram = login.credentials.client(login.user, login.extensions())
+        try:
+            first = await self._sasl_step(scram.first(), timeout_s)
+            final = await self._sasl_step(scram.final(first), timeout_s)
+            scram.verify(final)
+        except ScramError as exc:
+            raise KafkaClientError(f"authentication as {login.user} failed: {exc}") from exc
+
+    async def _sasl_step(self, auth_bytes: bytes, timeout_s: float) -> bytes:
+        response = await self.request(SASL_AUTHENTICATE, {"auth_bytes": auth_bytes}, version=1,
+                                      timeout_s=timeout_s)
+        if response.error_code:
+            raise KafkaClientError(f"SaslAuthenticate: {ErrorCode(response.error_code).name}:"
+                                   f" {response.error_message}")
+        return bytes(response.auth_bytes)
 
     async def _negotiate(self) -> None:
         response = await self.request(API_VERSIONS, {"client_software_name": "raftlog",
@@ -150,12 +196,13 @@ def _is_v0_error(body: memoryview) -> bool:
     return len(body) >= 2 and bytes(body[0:2]) == b"\x00\x23"
 
 
-async def connect_any(bootstrap: str, *, client_id: str = "raftlog-cli") -> KafkaConnection:
+async def connect_any(bootstrap: str, *, client_id: str = "raftlog-cli",
+                      login: ClusterLogin | None = None) -> KafkaConnection:
     """Connects to the first reachable bootstrap server."""
     errors = []
     for host, port in parse_bootstrap(bootstrap):
         try:
-            return await KafkaConnection.connect(host, port, client_id=client_id)
+            return await KafkaConnection.connect(host, port, client_id=client_id, login=login)
         except KafkaClientError as exc:
             errors.append(str(exc))
     raise KafkaClientError("; ".join(errors))

@@ -26,6 +26,8 @@ from raftlog.fetch import codec
 from raftlog.fetch.codec import Api, DecodeError, Region
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import API_VERSIONS, APIS_BY_KEY
+from raftlog.fetch.schemas_security import SECURITY_APIS
+from raftlog.security.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,12 @@ class RequestContext:
     header: codec.RequestHeader
     body: codec.Struct
     peer: str
+    # The connection's identity (anonymous unless it authenticated); requests made inside the
+    # node (a local controller call) carry a session of the node itself.
+    session: Session = field(default_factory=lambda: Session("?"))
+
+
+_SASL_KEYS = frozenset(api.key for api in SECURITY_APIS)
 
 
 @dataclass
@@ -85,12 +93,13 @@ async def serve_connection(
 ) -> None:
     """Serves one client connection until it closes, idles out or breaks the protocol."""
     peer = _peer_name(stream)
+    session = Session(peer)
     send_slots, receive_slots = trio.open_memory_channel[_Slot](INFLIGHT_REQUESTS_MAX)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_write_responses, stream, receive_slots, peer)
             async with send_slots:
-                await _read_requests(stream, handlers, limits, send_slots, nursery, peer)
+                await _read_requests(stream, handlers, limits, send_slots, nursery, session)
     except* ConnectionClosed as group:
         log.warning("closing connection from %s: %s", peer, group.exceptions[0])
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError) as group:
@@ -121,15 +130,16 @@ async def _read_requests(
     limits: ListenerLimits,
     slots: trio.MemorySendChannel[_Slot],
     nursery: trio.Nursery,
-    peer: str,
+    session: Session,
 ) -> None:
-    reader = _FrameReader(stream.socket, limits)
+    peer = session.peer
+    reader = _FrameReader(stream.socket, limits, session)
     while True:
         try:
             frame = await reader.next_frame()
             if frame is None:
                 return
-            slot = _dispatch(frame, handlers, nursery, peer)
+            slot = _dispatch(frame, handlers, nursery, session)
         except ConnectionClosed as exc:
             # Requests read before the bad one were already handled (a produce may be in the
             # log), so their responses still go out, in order, before the close: otherwise a
@@ -141,12 +151,16 @@ async def _read_requests(
 
 
 def _dispatch(
-    frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, peer: str
+    frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session
 ) -> _Slot:
     key, version, correlation_id = codec.peek_request_header(frame)
     api = APIS_BY_KEY.get(key)
     if api is None or key not in handlers:
         raise ConnectionClosed(f"unknown API key {key} (v{version}, correlation {correlation_id})")
+    if not session.may_send(key, _SASL_KEYS):
+        # Kafka: after a failed authentication, or during a SASL exchange, any other request
+        # closes the connection.
+        raise ConnectionClosed(f"{api.name} not allowed in SASL state {session.sasl_state.value}")
     slot = _Slot(api, version, correlation_id)
     if not api.supports(version):
         if api is API_VERSIONS:
@@ -161,7 +175,7 @@ def _dispatch(
         body = codec.decode(api, version, frame[pos:], is_request=True, allow_trailing=True)
     except DecodeError as exc:
         raise ConnectionClosed(f"malformed {api.name} v{version} request: {exc}") from exc
-    result = handlers[key](RequestContext(api, header, body, peer))
+    result = handlers[key](RequestContext(api, header, body, session.peer, session))
     _complete(slot, result, nursery)
     return slot
 
@@ -199,9 +213,11 @@ def api_versions_body(error: ErrorCode, handlers: dict[int, Handler]) -> Body:
 class _FrameReader:
     """Reads size-prefixed frames straight into one buffer per frame (recv_into)."""
 
-    def __init__(self, sock: trio.socket.SocketType, limits: ListenerLimits) -> None:
+    def __init__(self, sock: trio.socket.SocketType, limits: ListenerLimits,
+                 session: Session) -> None:
         self._sock = sock
         self._limits = limits
+        self._session = session
         self._pending = bytearray()
 
     async def next_frame(self) -> memoryview | None:
@@ -221,6 +237,10 @@ class _FrameReader:
                 f"frame of {size} bytes outside [8, {self._limits.request_bytes_max}]"
                 " (socket.request.max.bytes)"
             )
+        pre_auth_max = self._session.frame_bytes_max
+        if pre_auth_max is not None and size > pre_auth_max:
+            raise ConnectionClosed(f"frame of {size} bytes during authentication"
+                                   f" (limit {pre_auth_max})")
         with trio.move_on_after(idle_s) as stalled:
             frame = await self._read_exactly(size, eof_ok=False)
         if stalled.cancelled_caught:

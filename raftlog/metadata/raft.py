@@ -254,7 +254,7 @@ class RaftQuorum:
                     f"from this node's controller.quorum.voters entry port {own[0].port}"
                 )
             bind_host = host
-        return cls(
+        quorum = cls(
             node_id=config.node_id,
             voters=config.controller_quorum_voters,
             metadata_dir=config.metadata_log_dir,
@@ -264,6 +264,15 @@ class RaftQuorum:
             cluster_id=config.cluster_id,
             settings=settings,
         )
+        if config.cluster_id is None:
+            # Each node would make one up: one cluster reporting three ClusterIds, which
+            # librdkafka takes for three clusters.
+            raise RaftConfigError(
+                "cluster.id is required for a multi-node (Raft) cluster: set the same value on"
+                " every node (`raftlog cluster up` does; a node that ran before keeps the one"
+                " in its meta.properties)"
+            )
+        return quorum
 
     # --- Lifecycle --------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
+from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
 from raftlog.metadata import errors as metadata_errors
@@ -90,6 +90,7 @@ _METADATA_ERRORS = frozenset({
     ErrorCode.UNKNOWN_LEADER_EPOCH,
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.STALE_BROKER_EPOCH,  # our registration is not in the leader's image yet
 })
 
 
@@ -155,9 +156,13 @@ class ReplicaManager:
         settings: ReplicationSettings | None = None,
         alter_isr: AlterIsr | None = None,
         incarnation_id: str | None = None,
+        login: ClusterLogin | None = None,
     ) -> None:
         self.manager = manager
         self.node_id = manager.node_id
+        # How fetchers prove to leaders that they are this broker (raft.secret); None only
+        # where no other node exists to fetch from.
+        self.login = login
         self.settings = ReplicationSettings() if settings is None else settings
         self.alter_isr = alter_isr
         # When set, this node leads only once the image holds its registration with this
@@ -600,7 +605,7 @@ class LeaderFetcher:
         try:
             self._connection = await KafkaConnection.connect(
                 *address, client_id=f"raftlog-replica-{self.replicas.node_id}",
-                timeout_s=self.settings.socket_timeout_ms / 1000)
+                timeout_s=self.settings.socket_timeout_ms / 1000, login=self.replicas.login)
         except KafkaClientError as exc:
             log.warning("replica fetcher %d: cannot reach leader %d at %s:%d: %s",
                         self.replicas.node_id, self.leader_id, *address, exc)
@@ -771,11 +776,13 @@ class LeaderFetcher:
         sent = {a.key: a for a in ready}
         appended: list[tuple[FollowerAssignment, int, int, int]] = []
         out_of_range: list[FollowerAssignment] = []
+        stale_epoch = False
         for topic in response.responses:
             for result in topic.partitions:
                 answered = sent.get((topic.topic, result.partition_index))
                 if answered is None or not self._current(answered):
                     continue
+                stale_epoch = stale_epoch or result.error_code == ErrorCode.STALE_BROKER_EPOCH
                 if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     out_of_range.append(answered)
                 elif result.error_code != ErrorCode.NONE:
@@ -784,6 +791,11 @@ class LeaderFetcher:
                     appended.append((answered, answered.partition.log.log_end_offset,
                                      result.high_watermark, result.log_start_offset))
         await self._sync_and_advance(appended)
+        if stale_epoch:
+            # The connection authenticated with a broker epoch the leader does not hold as
+            # ours (KIP-903): a new connection claims the epoch our image has now.
+            await self._disconnect()
+            return
         for assignment in out_of_range:
             if self._current(assignment):
                 await self._handle_out_of_range(connection, assignment)

@@ -13,6 +13,10 @@
   markers; it is retried until the coordinator answers that the abort completed. A producer
   the coordinator does not know (its state was lost) gets an ABORT marker written at the
   partition's leader directly (WriteTxnMarkers, as Kafka's ``abort`` does).
+
+``abort`` changes what other clients own, so it authenticates as the cluster admin: it needs
+``--command-config FILE`` (Kafka's option) naming ``raft.secret`` or ``raft.secret.file``;
+a WriteTxnMarkers from anyone else is refused (CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Any
 
 import trio
 
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
+from raftlog.config import ConfigError, load_properties, raft_secret_of
+from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID
 from raftlog.fetch.schemas_txn import (
@@ -32,6 +37,7 @@ from raftlog.fetch.schemas_txn import (
     LIST_TRANSACTIONS,
     WRITE_TXN_MARKERS,
 )
+from raftlog.security.session import ADMIN_USER, ClusterCredentials
 from raftlog.tools import Cluster
 
 __all__ = ["add_parser", "run", "transactions_command"]
@@ -57,19 +63,37 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--duration-ms", type=int, default=-1,
                         help="list: only transactions open for longer than this")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
+    parser.add_argument("--command-config", help="properties with raft.secret or "
+                        "raft.secret.file: authenticate as the cluster admin (abort needs it)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point from :mod:`raftlog.cli`."""
     try:
         return trio.run(transactions_command, args)
-    except (KafkaClientError, OSError) as exc:
+    except (KafkaClientError, OSError, ConfigError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
 
 
+def admin_login(command_config: str | None) -> ClusterLogin | None:
+    """The cluster-admin login of ``--command-config``, or None without one."""
+    if command_config is None:
+        return None
+    secret = raft_secret_of(load_properties(command_config))
+    if not secret:
+        raise ConfigError("--command-config", f"{command_config} sets neither raft.secret"
+                          " nor raft.secret.file")
+    return ClusterLogin(ClusterCredentials(secret), ADMIN_USER)
+
+
 async def transactions_command(args: argparse.Namespace) -> int:
-    cluster = await Cluster.connect(args.bootstrap_server)
+    login = admin_login(args.command_config)
+    if args.action == "abort" and login is None:
+        print("Error: abort needs the cluster secret: --command-config FILE with"
+              " raft.secret.file=... (it acts as the cluster admin)", file=sys.stderr)
+        return 2
+    cluster = await Cluster.connect(args.bootstrap_server, login)
     try:
         if args.action == "list":
             return await _list(cluster, args.state, args.producer_id, args.duration_ms)

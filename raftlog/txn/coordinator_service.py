@@ -40,7 +40,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
+from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.fetch.coordinator_apis import CoordinatorLocation
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
@@ -173,8 +173,10 @@ class TxnCoordinatorService:
         create_topic: CreateTopic | None = None,
         settings: TxnSettings | None = None,
         pending_offsets: PendingOffsets | None = None,
+        login: ClusterLogin | None = None,
     ) -> None:
         self.node_id = node_id
+        self._login = login  # markers and verify_only questions are cluster actions
         self.pending_offsets = pending_offsets
         self.quorum = quorum
         self.manager = manager
@@ -599,7 +601,8 @@ class TxnCoordinatorService:
             if broker is None:
                 raise KafkaClientError(f"node {node_id} is not registered")
             connection = await KafkaConnection.connect(broker.host, broker.port,
-                                                       client_id=f"txn-coordinator-{self.node_id}")
+                                                       client_id=f"txn-coordinator-{self.node_id}",
+                                                       login=self._login)
             self._connections[node_id] = connection
         return connection
 
@@ -779,7 +782,7 @@ class TxnCoordinatorService:
                         raise KafkaClientError(f"node {coordinator} is not registered")
                     connection = await KafkaConnection.connect(
                         broker.host, broker.port, timeout_s=VERIFY_TIMEOUT_S,
-                        client_id=f"txn-verifier-{self.node_id}")
+                        client_id=f"txn-verifier-{self.node_id}", login=self._login)
                     self._verify_connections[coordinator] = connection
                 response = await connection.request(ADD_PARTITIONS_TO_TXN, body, version=4,
                                                     timeout_s=VERIFY_TIMEOUT_S)

@@ -22,7 +22,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from raftlog.fetch.client import ClusterLogin
 from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.sasl_apis import ClusterActionGate
 from raftlog.fetch.schemas import CREATE_TOPICS, FIND_COORDINATOR
 from raftlog.fetch.schemas_txn import (
     ADD_OFFSETS_TO_TXN,
@@ -34,6 +36,7 @@ from raftlog.fetch.schemas_txn import (
     WRITE_TXN_MARKERS,
 )
 from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
+from raftlog.metadata.image import MetadataImage
 from raftlog.partition.manager import now_ms
 from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator import TxnState
@@ -70,9 +73,10 @@ def fenced_code(code: int, version: int, first_fenced_version: int) -> int:
 class TxnApis:
     """Transaction handlers bound to this node's coordinator service."""
 
-    def __init__(self, service: TxnCoordinatorService,
+    def __init__(self, service: TxnCoordinatorService, gate: ClusterActionGate,
                  find_coordinator_fallback: Handler | None = None) -> None:
         self.service = service
+        self.gate = gate  # AddPartitionsToTxn v4+ is for brokers only (KIP-890)
         self.find_coordinator_fallback = find_coordinator_fallback
 
     def handlers(self) -> dict[int, Handler]:
@@ -126,6 +130,9 @@ class TxnApis:
         request = ctx.body
         version = ctx.header.api_version
         if version >= 4:
+            if not self.gate.allows(ctx):  # Kafka: v4+ needs ClusterAction on the cluster
+                return {"throttle_time_ms": 0, "results_by_transaction": [],
+                        "error_code": int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)}
             return self._add_partitions_batched(request)
         wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
         image = self.service.quorum.image
@@ -303,15 +310,28 @@ class TxnApis:
     # -- WriteTxnMarkers (internal) --------------------------------------------------------------
 
     def write_txn_markers(self, ctx: RequestContext) -> HandlerResult:
+        """Behind the ClusterAction gate (``raftlog.fetch.sasl_apis``): only cluster members
+        get here. A broker's marker must also come from a current transaction coordinator:
+        ``coordinator_epoch`` must be the leader epoch of a ``__transaction_state`` partition
+        that the sender leads in this node's image (an operator's abort, authenticated as
+        the admin, is checked by the producer state alone, as Kafka's tool is)."""
         request = ctx.body
+        sender = ctx.session.broker_id
+        coordinator_epochs = None if sender is None else \
+            _coordinator_epochs_led_by(self.service.quorum.image, sender)
 
         async def write() -> Body:
             markers = []
             for marker in request.markers:
+                refused = _marker_sender_error(sender, coordinator_epochs,
+                                               marker.coordinator_epoch)
                 topics = []
                 for topic in marker.topics:
                     parts = []
                     for index in topic.partition_indexes:
+                        if refused:
+                            parts.append({"partition_index": index, "error_code": refused})
+                            continue
                         code = await self.service.append_marker(
                             topic.name, index, marker.producer_id, marker.producer_epoch,
                             marker.transaction_result, marker.coordinator_epoch)
@@ -321,6 +341,34 @@ class TxnApis:
             return {"markers": markers}
 
         return write
+
+
+def _coordinator_epochs_led_by(image: MetadataImage, node_id: int) -> frozenset[int]:
+    """The leader epochs of the ``__transaction_state`` partitions ``node_id`` leads: a
+    transaction coordinator's epoch is its partition's leader epoch."""
+    topic = image.topics.get(TXN_TOPIC)
+    if topic is None:
+        return frozenset()
+    return frozenset(p.leader_epoch for p in topic.partitions if p.leader == node_id)
+
+
+def _marker_sender_error(sender: int | None, coordinator_epochs: frozenset[int] | None,
+                         coordinator_epoch: int) -> int:
+    """0 when a marker's sender may write it, else the error for every partition of it.
+
+    A broker that does not lead a transaction partition at ``coordinator_epoch`` in this
+    node's image gets NOT_COORDINATOR, which the coordinator retries: either this image lags
+    (a new coordinator; the retry succeeds once it catches up) or the sender was replaced,
+    and then its own loop sees it and stops. Never TRANSACTION_COORDINATOR_FENCED here: that
+    ends a completion, and a lagging image must not end a live coordinator's."""
+    if sender is None or coordinator_epochs is None:
+        return 0  # the operator's abort (admin principal): the producer state decides
+    if coordinator_epoch in coordinator_epochs:
+        return 0
+    log.info("refused markers from node %d at coordinator epoch %d: it leads no transaction"
+             " partition at that epoch here (epochs %s)", sender, coordinator_epoch,
+             sorted(coordinator_epochs))
+    return int(ErrorCode.NOT_COORDINATOR)
 
 
 def _coordinator_body(error: int, node_id: int = -1, host: str = "", port: int = -1) -> Body:
@@ -341,6 +389,8 @@ def install(
     *,
     set_transaction_lookup: Callable[[Callable[[str], Any]], None] | None = None,
     pending_offsets: PendingOffsets | None = None,
+    gate: ClusterActionGate | None = None,
+    login: ClusterLogin | None = None,
 ) -> TxnCoordinatorService:
     """Wires transactions into a node: the coordinator service (the caller runs
     ``service.run`` in its nursery), the transaction handlers added to ``handlers`` (the
@@ -358,8 +408,9 @@ def install(
 
     service = TxnCoordinatorService(node_id, quorum, manager, next_producer_id,
                                     create_topic=create_topic, settings=settings,
-                                    pending_offsets=pending_offsets)
-    txn_apis = TxnApis(service, find_coordinator_fallback=handlers.get(FIND_COORDINATOR.key))
+                                    pending_offsets=pending_offsets, login=login)
+    txn_apis = TxnApis(service, gate or ClusterActionGate(),
+                       find_coordinator_fallback=handlers.get(FIND_COORDINATOR.key))
     apis.txn_verifier = service.verify_by_producer_id
     apis.txn_produce_verifier = service.verify_transactional_produce
     producer_apis.transactional_init = txn_apis.init_producer_id

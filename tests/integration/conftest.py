@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+BROKER_SECRET = "integration-test-secret"  # raft.secret of every BrokerProcess
+
 START_TIMEOUT_S = 20.0
 
 
@@ -67,7 +69,7 @@ class BrokerProcess:
             "controller.listener.names": "CONTROLLER",
             "log.dirs": str(self.data_dir),
             "num.partitions": "1",
-            "raft.secret": "integration-test-secret",
+            "raft.secret": BROKER_SECRET,
             **self.extra_properties,
         }
         path = self.workdir / "server.properties"

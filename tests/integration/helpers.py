@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import trio
 
 from raftlog.compression import decompress_batches
-from raftlog.fetch.client import KafkaClientError, KafkaConnection, parse_bootstrap
+from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection, parse_bootstrap
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas import CREATE_TOPICS, FETCH, LIST_OFFSETS, PRODUCE
 from raftlog.partition.batch import (
@@ -28,7 +28,8 @@ from raftlog.partition.batch import (
     decode_records,
     parse_header,
 )
-from tests.integration.conftest import BrokerProcess
+from raftlog.security.session import ADMIN_USER, ClusterCredentials
+from tests.integration.conftest import BROKER_SECRET, BrokerProcess
 
 EARLIEST = -2
 LATEST = -1
@@ -61,6 +62,17 @@ def unique_topic(prefix: str) -> str:
 async def _connect(bootstrap: str) -> KafkaConnection:
     host, port = parse_bootstrap(bootstrap)[0]
     return await KafkaConnection.connect(host, port, client_id="raftlog-integration")
+
+
+def admin_login(secret: str = BROKER_SECRET) -> ClusterLogin:
+    """The cluster admin's login (operator tools): SCRAM keyed by ``raft.secret``."""
+    return ClusterLogin(ClusterCredentials(secret), ADMIN_USER)
+
+
+async def connect_admin(bootstrap: str, secret: str = BROKER_SECRET) -> KafkaConnection:
+    host, port = parse_bootstrap(bootstrap)[0]
+    return await KafkaConnection.connect(host, port, client_id="raftlog-integration",
+                                         login=admin_login(secret))
 
 
 # -- admin through the project's client ------------------------------------------------------

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import BrokerProcess
+from tests.integration.conftest import BROKER_SECRET, BrokerProcess
 from tests.integration.helpers import create_topic, unique_topic
 from tests.integration.test_transactions import _list_latest
 
@@ -35,10 +36,16 @@ time.sleep(3600)
 '''
 
 
-def _cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "raftlog", "transactions", *args,
-                           "--bootstrap-server", bootstrap], capture_output=True, text=True,
-                          timeout=60)
+def _cli(bootstrap: str, *args: str, secret: str | None = BROKER_SECRET
+         ) -> subprocess.CompletedProcess[str]:
+    """``raftlog transactions``, authenticated as the cluster admin unless ``secret`` is None."""
+    options = ["--bootstrap-server", bootstrap]
+    if secret is not None:
+        config = Path(tempfile.mkdtemp()) / "admin.properties"
+        config.write_text(f"raft.secret={secret}\n")
+        options += ["--command-config", str(config)]
+    return subprocess.run([sys.executable, "-m", "raftlog", "transactions", *args, *options],
+                          capture_output=True, text=True, timeout=60)
 
 
 def _hanging_producer(tmp_path: Path, bootstrap: str, topic: str, txn_id: str) -> None:
@@ -76,11 +83,15 @@ def test_abort_ends_a_hanging_transaction(broker: BrokerProcess, tmp_path: Path,
     assert described.returncode == 0, described.stderr
     assert "State: Ongoing" in described.stdout and f"{topic}-0" in described.stdout
 
-    if by == "partition":
-        aborted = _cli(broker.bootstrap, "abort", "--topic", topic, "--partition", "0",
-                       "--start-offset", "0")
-    else:
-        aborted = _cli(broker.bootstrap, "abort", "--transactional-id", txn_id)
+    how = ["--topic", topic, "--partition", "0", "--start-offset", "0"] \
+        if by == "partition" else ["--transactional-id", txn_id]
+    # A stranger cannot: no secret, or the wrong one, changes nothing.
+    refused = _cli(broker.bootstrap, "abort", *how, secret=None)
+    assert refused.returncode == 2 and "secret" in refused.stderr, refused.stderr
+    wrong = _cli(broker.bootstrap, "abort", *how, secret="not-the-secret")
+    assert wrong.returncode == 1 and "SASL_AUTHENTICATION_FAILED" in wrong.stderr, wrong.stderr
+    assert _list_latest(broker.bootstrap, topic) == (0, 3)
+    aborted = _cli(broker.bootstrap, "abort", *how)
     assert aborted.returncode == 0, aborted.stdout + aborted.stderr
     assert _list_latest(broker.bootstrap, topic) == (4, 4)  # ABORT marker: the LSO moved
     described = _cli(broker.bootstrap, "describe", "--transactional-id", txn_id)

@@ -24,7 +24,7 @@ import trio
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas_txn import DESCRIBE_PRODUCERS, WRITE_TXN_MARKERS
 from tests.integration.conftest import BrokerProcess
-from tests.integration.helpers import _connect, create_topic, unique_topic
+from tests.integration.helpers import _connect, connect_admin, create_topic, unique_topic
 from tests.integration.test_transactions import _list_latest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -51,7 +51,7 @@ def _producer_entry(bootstrap: str, topic: str) -> tuple[int, int, int, int]:
 def _write_commit_marker(bootstrap: str, topic: str, producer_id: int, epoch: int,
                          coordinator_epoch: int) -> int:
     async def run() -> int:
-        connection = await _connect(bootstrap)
+        connection = await connect_admin(bootstrap)  # markers are a cluster action
         try:
             response = await connection.request(WRITE_TXN_MARKERS, {"markers": [{
                 "producer_id": producer_id, "producer_epoch": epoch,

@@ -1,0 +1,205 @@
+"""Who is on the other end of a connection, and what it may do: a pure core.
+
+Every Kafka connection has one ``Session``. It starts as ``User:ANONYMOUS``; a SaslHandshake
+and SaslAuthenticate exchange (``raftlog.fetch.sasl_apis``) may turn it into an authenticated
+principal. Authorization asks one question, as Kafka's ``Authorizer`` does: may this
+principal perform this operation on this resource? Today the only guarded operation is
+``ClusterAction`` on the cluster (every RPC a node sends a node) and only cluster members
+hold it; the ACL work adds users and rules behind the same question.
+
+Cluster members prove they hold ``raft.secret`` with SCRAM-SHA-256. Their credentials are
+derived from the secret (``ClusterCredentials``), so nothing new is stored or configured:
+brokers authenticate as ``__raftlog-broker-<node.id>`` and operator tools as
+``__raftlog-admin``. The secret never crosses the network; a server that does not know it
+cannot complete the exchange either (the client checks the server's signature).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass, field
+from typing import Final
+
+from raftlog.security.scram import (
+    ITERATIONS_MIN,
+    ScramClient,
+    ScramCredential,
+    ScramError,
+    ScramServer,
+)
+
+log = logging.getLogger(__name__)
+
+CLUSTER_MECHANISM: Final = "SCRAM-SHA-256"
+BROKER_USER_PREFIX: Final = "__raftlog-broker-"
+ADMIN_USER: Final = "__raftlog-admin"
+BROKER_EPOCH_EXTENSION: Final = "brokerepoch"
+# Kafka's limit for frames before a connection has authenticated (SaslHandshake and
+# SaslAuthenticate are tiny; a larger frame is an attack or a confused client).
+PRE_AUTH_FRAME_BYTES_MAX: Final = 512 * 1024
+
+
+@dataclass(frozen=True)
+class KafkaPrincipal:
+    type: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.name}"
+
+
+ANONYMOUS: Final = KafkaPrincipal("User", "ANONYMOUS")
+
+
+class Operation(enum.Enum):
+    CLUSTER_ACTION = "ClusterAction"
+
+
+class ResourceType(enum.Enum):
+    CLUSTER = "Cluster"
+
+
+class SaslState(enum.Enum):
+    NONE = "none"  # no handshake yet: the connection is anonymous
+    HANDSHAKE_DONE = "handshake"  # mechanism chosen: only SaslAuthenticate may follow
+    CHALLENGED = "challenged"  # server-first sent, waiting for the client's proof
+    AUTHENTICATED = "authenticated"
+    FAILED = "failed"  # the connection is closed after the error response
+
+
+class ClusterCredentials:
+    """SCRAM credentials derived from ``raft.secret`` for the cluster's own principals."""
+
+    def __init__(self, secret: str) -> None:
+        if not secret:
+            raise ValueError("an empty cluster secret authenticates nobody")
+        self._secret = secret.encode("utf-8")
+        self._cache: dict[str, ScramCredential] = {}
+
+    def _salt(self, user: str) -> bytes:
+        # Deterministic per user, so every node derives the same credential without storing
+        # one; keyed by the secret, so it tells an eavesdropper nothing new.
+        return hmac.new(self._secret, b"raftlog scram salt:" + user.encode(),
+                        hashlib.sha256).digest()[:16]
+
+    def lookup(self, mechanism: str, user: str) -> ScramCredential | None:
+        if mechanism != CLUSTER_MECHANISM or not is_cluster_user(user):
+            return None
+        credential = self._cache.get(user)
+        if credential is None:
+            credential = ScramCredential.from_password(
+                mechanism, self._secret, self._salt(user), ITERATIONS_MIN)
+            self._cache[user] = credential
+        return credential
+
+    @property
+    def decoy_key(self) -> bytes:
+        return hmac.new(self._secret, b"raftlog scram decoy", hashlib.sha256).digest()
+
+    def client(self, user: str, extensions: dict[str, str] | None = None) -> ScramClient:
+        return ScramClient(CLUSTER_MECHANISM, user, self._secret, dict(extensions or {}))
+
+
+def broker_user(node_id: int) -> str:
+    return f"{BROKER_USER_PREFIX}{node_id}"
+
+
+def is_cluster_user(user: str) -> bool:
+    return user == ADMIN_USER or _broker_id_of(user) is not None
+
+
+def _broker_id_of(user: str) -> int | None:
+    if not user.startswith(BROKER_USER_PREFIX):
+        return None
+    digits = user[len(BROKER_USER_PREFIX):]
+    return int(digits) if digits.isdigit() and len(digits) <= 9 else None
+
+
+@dataclass
+class Session:
+    """One connection's identity. Mutated only by the connection's reader task, in order."""
+
+    peer: str
+    principal: KafkaPrincipal = ANONYMOUS
+    # Set when the principal is a broker: its node id and the broker epoch it claimed when
+    # it authenticated (KIP-903's replica epoch; -1 before it registered).
+    broker_id: int | None = None
+    broker_epoch: int = -1
+    sasl_state: SaslState = SaslState.NONE
+    _exchange: ScramServer | None = field(default=None, repr=False)
+
+    @property
+    def authenticated(self) -> bool:
+        return self.sasl_state is SaslState.AUTHENTICATED
+
+    @property
+    def frame_bytes_max(self) -> int | None:
+        """A tighter frame limit while a SASL exchange is under way, else None."""
+        if self.sasl_state in (SaslState.HANDSHAKE_DONE, SaslState.CHALLENGED):
+            return PRE_AUTH_FRAME_BYTES_MAX
+        return None
+
+    def may_send(self, api_key: int, sasl_keys: frozenset[int]) -> bool:
+        """Whether a request of ``api_key`` is allowed in the current SASL state (Kafka: once
+        a handshake starts, nothing but SaslAuthenticate until it ends)."""
+        if self.sasl_state is SaslState.FAILED:
+            return False
+        if self.sasl_state in (SaslState.HANDSHAKE_DONE, SaslState.CHALLENGED):
+            return api_key in sasl_keys
+        return True
+
+    def handshake(self, mechanism: str, credentials: ClusterCredentials | None) -> int:
+        """SaslHandshake: returns a Kafka error code (0, 33 or 34)."""
+        if self.sasl_state is not SaslState.NONE:
+            return 34  # ILLEGAL_SASL_STATE: re-authentication is not served yet
+        if credentials is None or mechanism != CLUSTER_MECHANISM:
+            return 33  # UNSUPPORTED_SASL_MECHANISM
+        self._exchange = ScramServer(mechanism, credentials.lookup, credentials.decoy_key)
+        self.sasl_state = SaslState.HANDSHAKE_DONE
+        return 0
+
+    def authenticate(self, auth_bytes: bytes) -> tuple[int, bytes, str | None]:
+        """SaslAuthenticate: (error code, server bytes, error message)."""
+        exchange = self._exchange
+        if exchange is None or self.sasl_state not in (SaslState.HANDSHAKE_DONE,
+                                                        SaslState.CHALLENGED):
+            self.sasl_state = SaslState.FAILED
+            return 34, b"", "SaslAuthenticate before SaslHandshake"
+        try:
+            if self.sasl_state is SaslState.HANDSHAKE_DONE:
+                reply = exchange.first(auth_bytes)
+                self.sasl_state = SaslState.CHALLENGED
+                return 0, reply, None
+            reply = exchange.final(auth_bytes)
+        except ScramError as exc:
+            self.sasl_state = SaslState.FAILED
+            self._exchange = None
+            log.warning("authentication failed from %s (user %r): %s", self.peer,
+                        exchange.user, exc)
+            return 58, b"", "Authentication failed during SCRAM authentication"
+        self._become(exchange)
+        return 0, reply, None
+
+    def _become(self, exchange: ScramServer) -> None:
+        assert exchange.user is not None
+        self.principal = KafkaPrincipal("User", exchange.user)
+        self.broker_id = _broker_id_of(exchange.user)
+        epoch = exchange.extensions.get(BROKER_EPOCH_EXTENSION, "-1")
+        self.broker_epoch = int(epoch) if epoch.lstrip("-").isdigit() else -1
+        self.sasl_state = SaslState.AUTHENTICATED
+        self._exchange = None
+        log.info("%s authenticated as %s", self.peer, self.principal)
+
+
+class ClusterAuthorizer:
+    """Kafka's question with today's answer: only cluster members hold ClusterAction on the
+    cluster; every other operation is allowed (PLAINTEXT without an authorizer)."""
+
+    def authorize(self, session: Session, operation: Operation,
+                  resource: ResourceType) -> bool:
+        if operation is Operation.CLUSTER_ACTION:
+            return session.authenticated and is_cluster_user(session.principal.name)
+        return True
