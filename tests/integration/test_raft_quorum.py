@@ -173,6 +173,23 @@ async def test_secret_is_required(tmp_path: Path) -> None:
         RaftQuorum.from_config(config)
 
 
+async def test_cluster_id_is_required_for_a_raft_quorum(tmp_path: Path) -> None:
+    """Nodes that each made one up reported three ClusterIds for one cluster."""
+    ports = [free_port() for _ in range(3)]
+    properties = {
+        "node.id": "1",
+        "process.roles": "broker,controller",
+        "listeners": f"PLAINTEXT://127.0.0.1:{free_port()},CONTROLLER://127.0.0.1:{ports[0]}",
+        "controller.quorum.voters": ",".join(
+            f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(ports)),
+        "log.dirs": str(tmp_path),
+        "raft.secret": SECRET,
+    }
+    with pytest.raises(RaftConfigError, match=r"cluster\.id is required"):
+        RaftQuorum.from_config(ServerConfig.from_properties(properties))
+    RaftQuorum.from_config(ServerConfig.from_properties({**properties, "cluster.id": "c1"}))
+
+
 async def test_data_directory_of_another_cluster_or_node_is_refused(tmp_path: Path) -> None:
     async with open_quorums(tmp_path, voters=1) as quorums:
         await wait_for_controller(quorums, TIMEOUT_S)
