@@ -73,7 +73,6 @@ from raftlog.metadata.raft_storage import (
 from raftlog.metadata.raft_syncobj import (
     CANDIDATE,
     LEADER,
-    OBSERVER_PREFIX,
     RaftListener,
     RaftSettings,
     RaftSyncObj,
@@ -81,6 +80,7 @@ from raftlog.metadata.raft_syncobj import (
     Submission,
     make_syncobj,
 )
+from raftlog.metadata.raft_transport import OBSERVER_PREFIX, RAFT_COMMAND_MAX_BYTES
 from raftlog.metadata.records import BecomeController, Command, Record, encode_command
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
 
@@ -408,6 +408,7 @@ class RaftQuorum:
                 (``outcome_unknown=True``): retry with the same ``request_id``.
             QuorumClosedError, QuorumFailedError: the quorum cannot take writes.
             RecordFormatError: ``record`` has fields of the wrong type.
+            QuorumError: the encoded command is over ``RAFT_COMMAND_MAX_BYTES``.
         """
         sync = self._check_open()
         if isinstance(record, BecomeController):
@@ -419,6 +420,12 @@ class RaftQuorum:
         request_id = request_id or uuid.uuid4().hex
         command = Command(record, self._image.controller_term, request_id, expected_version)
         payload = encode_command(command)
+        if len(payload) > RAFT_COMMAND_MAX_BYTES:
+            # Peers refuse Raft messages over a cap sized for commands up to this limit.
+            raise QuorumError(
+                f"metadata command of {len(payload)} bytes is over the Raft limit of "
+                f"{RAFT_COMMAND_MAX_BYTES} bytes"
+            )
         waiter, submission = self._new_submission(request_id)
         self._waiters.add(waiter)
         try:

@@ -28,6 +28,10 @@ defects (``/work/shared/reference/pysyncobj-findings.md``) and how this module c
   first vote is dropped again.
 * **Pickle RCE**: a password is required (:func:`check_conf`); messages that fail
   authentication are logged (pysyncobj drops them silently).
+* **Unbounded reads on the Raft port** (a stranger's 2^31-1-byte frame was buffered while it
+  stalled the tick thread and moved the term): :mod:`raftlog.metadata.raft_transport` caps
+  every frame, allows only a handshake-sized frame before the peer proves the secret, and
+  bounds the work per poll.
 * **Journal without snapshot file**: :func:`check_conf` refuses it.
 * Commands are never forwarded to another node and raftlog's payloads are CBOR, not pickle: a
   replicated command is ``b"\\x00" + encode_command(...)`` applied by ``MetadataStateMachine``.
@@ -36,7 +40,6 @@ defects (``/work/shared/reference/pysyncobj-findings.md``) and how this module c
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import queue
 import threading
@@ -47,13 +50,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import pysyncobj.syncobj as pysyncobj_syncobj
-from cryptography.fernet import InvalidToken
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.monotonic import monotonic as monotonic_time
-from pysyncobj.node import Node
-from pysyncobj.transport import TCPTransport
 
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.raft_storage import (
@@ -66,6 +66,11 @@ from raftlog.metadata.raft_storage import (
     read_snapshot_file,
     write_durably,
     write_snapshot_file,
+)
+from raftlog.metadata.raft_transport import (
+    RAFT_MESSAGE_MAX_BYTES,
+    RaftTransport,
+    largest_message_bytes,
 )
 from raftlog.metadata.records import BecomeController, Command, decode_command, encode_command
 from raftlog.metadata.state import REQUEST_WINDOW_MAX, ApplyResult, MetadataStateMachine
@@ -80,9 +85,6 @@ FOLLOWER: Final = 0
 CANDIDATE: Final = 1
 LEADER: Final = 2
 KEEPALIVE_MESSAGE_TYPE: Final = "raftlog_keepalive"
-OBSERVER_PREFIX: Final = "readonly:"
-# Why 1 s between authentication-failure log lines: an attacker must not be able to flood logs.
-AUTH_LOG_INTERVAL_S: Final = 1.0
 
 
 class UnsafeRaftConfigError(ValueError):
@@ -206,6 +208,13 @@ def check_conf(conf: SyncObjConf) -> None:
         problems.append("dynamicMembershipChange is not supported (open race, pysyncobj #89)")
     if conf.commandsWaitLeader:
         problems.append("commandsWaitLeader must be False: a queued command could apply late")
+    largest = largest_message_bytes(conf.appendEntriesBatchSizeBytes, conf.logCompactionBatchSize)
+    if largest > RAFT_MESSAGE_MAX_BYTES:
+        # Peers refuse frames over the cap: a batch near it would never reach them.
+        problems.append(
+            f"appendEntriesBatchSizeBytes/logCompactionBatchSize allow {largest}-byte "
+            f"messages, over the {RAFT_MESSAGE_MAX_BYTES}-byte cap on Raft messages"
+        )
     if problems:
         raise UnsafeRaftConfigError("; ".join(problems))
 
@@ -300,120 +309,6 @@ class Submission:
                 self(None, Submission.NOT_APPLIED)
                 return
         self(None, FAIL_REASON.UNKNOWN_OUTCOME)
-
-
-# --- Transport: authentication logging and observer ids -------------------------------------
-
-
-class _AuthCheck:
-    """Wraps pysyncobj's Fernet encryptor for one connection and logs authentication failures
-    (pysyncobj drops the connection silently)."""
-
-    def __init__(self, fernet: Any, peer: str, transport: RaftTransport) -> None:
-        self._fernet = fernet
-        self._peer = peer
-        self._transport = transport
-
-    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
-        token: bytes = self._fernet.encrypt_at_time(data, current_time)
-        return token
-
-    def extract_timestamp(self, token: bytes) -> int:
-        try:
-            timestamp: int = self._fernet.extract_timestamp(token)
-        except InvalidToken:
-            self._transport.report_rejected(self._peer)
-            raise
-        return timestamp
-
-    def decrypt(self, token: bytes) -> bytes:
-        try:
-            data: bytes = self._fernet.decrypt(token)
-        except InvalidToken:
-            self._transport.report_rejected(self._peer)
-            raise
-        return data
-
-
-class RaftTransport(TCPTransport):  # type: ignore[misc]
-    """pysyncobj's TCP transport plus: authentication failures are logged and counted, and
-    observers (read-only members) announce their node id (``readonly:<id>``).
-
-    Attributes:
-        rejected_count: Messages refused because they failed authentication.
-    """
-
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
-        self.rejected_count = 0
-        self._last_rejection_log = float("-inf")
-        self._rejections_not_logged = 0
-        self._observer_id: str | None = getattr(syncObj, "_raft_observer_id", None)
-        super().__init__(syncObj, selfNode, otherNodes)
-
-    def report_rejected(self, peer: str) -> None:
-        """Count (and rate-limited, log) a message that failed authentication."""
-        self.rejected_count += 1
-        now = time.monotonic()
-        if now - self._last_rejection_log < AUTH_LOG_INTERVAL_S:
-            self._rejections_not_logged += 1
-            return
-        suppressed, self._rejections_not_logged = self._rejections_not_logged, 0
-        self._last_rejection_log = now
-        logger.warning(
-            "raft: refused a message from %s that failed authentication (wrong or missing "
-            "raft.secret?); connection closed%s",
-            peer, f" ({suppressed} more since the last report)" if suppressed else "",
-        )  # fmt: skip
-
-    def addNode(self, node: Any) -> None:
-        super().addNode(node)
-        conn = self._connections.get(node)
-        if conn is not None and conn.encryptor is not None:
-            conn.encryptor = _AuthCheck(conn.encryptor, str(node.id), self)
-
-    def _onNewIncomingConnection(self, conn: Any) -> None:
-        super()._onNewIncomingConnection(conn)
-        if conn.encryptor is not None:
-            conn.encryptor = _AuthCheck(conn.encryptor, _peer_name(conn), self)
-
-    def _sendSelfAddress(self, conn: Any) -> None:
-        if self._selfIsReadonlyNode and self._observer_id is not None:
-            conn.send(OBSERVER_PREFIX + self._observer_id)
-        else:
-            super()._sendSelfAddress(conn)
-
-    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
-        handshake_done = not self._syncObj.encryptor or conn.sendRandKey
-        if handshake_done and isinstance(message, str) and message.startswith(OBSERVER_PREFIX):
-            # Like pysyncobj's 'readonly' branch, but the node keeps the observer's id.
-            node = Node(f"{message}#{self._readonlyNodesCounter}")
-            self._readonlyNodesCounter += 1
-            self._readonlyNodes.add(node)
-            self._unknownConnections.discard(conn)
-            self._connections[node] = conn
-            conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
-            self._onReadonlyNodeConnected(node)
-            return
-        if (
-            handshake_done
-            and isinstance(message, str)
-            and message not in self._nodeAddrToNode
-            and message != "readonly"
-        ):
-            logger.warning(
-                "raft: %s announced itself as %r, which is not a voter; connection closed",
-                _peer_name(conn), message,
-            )  # fmt: skip
-        super()._onIncomingMessageReceived(conn, message)
-
-
-def _peer_name(conn: Any) -> str:
-    sock = getattr(conn, "_TcpConnection__socket", None)
-    try:
-        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
-    except OSError:
-        return "?"
-    return f"{host}:{port}"
 
 
 # --- The SyncObj ----------------------------------------------------------------------------
