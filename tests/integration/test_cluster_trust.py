@@ -275,3 +275,29 @@ def test_every_node_reports_the_same_cluster_id(cluster3: Cluster) -> None:
     ids = {node_id: cluster3.metadata(node=node).cluster_id
            for node_id, node in cluster3.nodes.items()}
     assert len(set(ids.values())) == 1 and None not in ids.values(), ids
+
+
+def test_a_broker_fetches_only_as_itself_at_its_registered_epoch(cluster3: Cluster) -> None:
+    """KIP-903: an authenticated broker that claims another replica id, or a broker epoch its
+    registration does not have, is refused; its real fetcher keeps replicating."""
+    topic = unique_topic("epoch")
+    create_topic(cluster3, topic, 1)
+    partition = cluster3.partition(topic)
+    leader = cluster3.nodes[partition.leader_id]
+    follower, other = (r for r in partition.replica_nodes if r != partition.leader_id)
+    credentials = ClusterCredentials(_secret(cluster3))
+
+    async def fetch_as(user_id: int, epoch: int, replica_id: int) -> int:
+        login = ClusterLogin(credentials, broker_user(user_id),
+                             extensions=lambda: {"brokerepoch": str(epoch)})
+        async with await KafkaConnection.connect(*leader.address, login=login) as conn:
+            response = await conn.request(FETCH, _replica_fetch(topic, replica_id, 0),
+                                          version=11)
+            return int(response.responses[0].partitions[0].error_code)
+
+    assert run(fetch_as(follower, 10**9, follower)) == ErrorCode.STALE_BROKER_EPOCH
+    assert run(fetch_as(follower, -1, follower)) == ErrorCode.STALE_BROKER_EPOCH
+    assert run(fetch_as(other, 10**9, follower)) == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    # The real followers were never disturbed: acks=all still completes.
+    _produce_acks_all(cluster3.bootstrap, topic, 3)
+    assert len(cluster3.partition(topic).isr_nodes) == 3
