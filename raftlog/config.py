@@ -415,6 +415,10 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "message.max.bytes": "1048588",
     "socket.request.max.bytes": "104857600",
     "connections.max.idle.ms": "600000",
+    # Why bounded (Kafka's default is -1, unbounded): without a budget, connections that each
+    # send part of a big request grow the node's memory without limit. Any value <= 0 is
+    # unbounded, as in Kafka.
+    "queued.max.request.bytes": str(100 << 20),
     "group.initial.rebalance.delay.ms": "0",
     "group.min.session.timeout.ms": "6000",
     "group.max.session.timeout.ms": "1800000",
@@ -530,6 +534,7 @@ class ServerConfig:
     log_cleaner_min_cleanable_ratio: str = "0.5"  # kept as text: it is only a topic default
     log_cleaner_min_compaction_lag_ms: int = 0
     log_retention_check_interval_ms: int = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
+    queued_max_request_bytes: int = 100 << 20
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -714,6 +719,7 @@ def _build(props: _Properties) -> ServerConfig:
         log_cleaner_min_compaction_lag_ms=props.integer("log.cleaner.min.compaction.lag.ms", 0),
         # Kafka validates it with atLeast(1).
         log_retention_check_interval_ms=props.integer("log.retention.check.interval.ms", 1),
+        queued_max_request_bytes=props.integer("queued.max.request.bytes"),
     )
 
 

@@ -181,6 +181,7 @@ class Node:
         limits = ListenerLimits(
             request_bytes_max=config.socket_request_max_bytes,
             idle_ms_max=config.connections_max_idle_ms,
+            queued_request_bytes_max=config.queued_max_request_bytes,
         )
         try:
             async with trio.open_nursery() as nursery:

@@ -7,6 +7,11 @@ queues a response slot. A handler may return a body at once or an awaitable that
 later (waiting for fsync, a long-poll fetch, a quorum commit); those run concurrently. The
 writer sends slots strictly in request order, as Kafka requires. The slot queue is bounded,
 which is the per-connection back-pressure.
+
+Node-wide, the bytes of requests being read or handled share one budget,
+``queued.max.request.bytes`` (``request_memory.py``): a frame's buffer is allocated as its
+bytes arrive, each chunk only once the budget allows it, and the frame counts until its
+handler no longer needs it. Readers short of memory stop reading their sockets.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ import trio
 from raftlog.fetch import codec
 from raftlog.fetch.codec import Api, DecodeError, Region
 from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.request_memory import (
+    FRAME_BUFFER_BYTES,
+    QUEUED_MAX_REQUEST_BYTES_DEFAULT,
+    FrameLease,
+    RequestMemory,
+)
 from raftlog.fetch.schemas import API_VERSIONS, APIS_BY_KEY
 from raftlog.fetch.schemas_security import SECURITY_APIS
 from raftlog.security.session import Session
@@ -34,6 +45,9 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 INFLIGHT_REQUESTS_MAX = 64
 SEND_TIMEOUT_S = 30.0
+# Frames up to this size get a buffer of their exact size; bigger ones start in a recycled
+# buffer of FRAME_BUFFER_BYTES (see request_memory.py).
+SMALL_FRAME_BYTES = 64 << 10
 
 Body = dict[str, Any]
 Deferred = Callable[[], Awaitable[Body | None]]
@@ -73,6 +87,7 @@ class _Slot:
     api: Api
     version: int
     correlation_id: int
+    lease: FrameLease  # the request's bytes, counted until its handler is done with them
     done: trio.Event = field(default_factory=trio.Event)
     body: Body | None = None
     respond: bool = True
@@ -82,6 +97,7 @@ class _Slot:
 class ListenerLimits:
     request_bytes_max: int  # socket.request.max.bytes
     idle_ms_max: int  # connections.max.idle.ms
+    queued_request_bytes_max: int = QUEUED_MAX_REQUEST_BYTES_DEFAULT  # queued.max.request.bytes
 
 
 class ConnectionClosed(Exception):
@@ -89,17 +105,24 @@ class ConnectionClosed(Exception):
 
 
 async def serve_connection(
-    stream: trio.SocketStream, handlers: dict[int, Handler], limits: ListenerLimits
+    stream: trio.SocketStream, handlers: dict[int, Handler], limits: ListenerLimits,
+    memory: RequestMemory | None = None,
 ) -> None:
-    """Serves one client connection until it closes, idles out or breaks the protocol."""
+    """Serves one client connection until it closes, idles out or breaks the protocol.
+
+    ``memory`` is the node's budget of request bytes, shared by all its connections.
+    """
     peer = _peer_name(stream)
     session = Session(peer)
+    if memory is None:
+        memory = RequestMemory(limits.queued_request_bytes_max)
     send_slots, receive_slots = trio.open_memory_channel[_Slot](INFLIGHT_REQUESTS_MAX)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_write_responses, stream, receive_slots, peer)
             async with send_slots:
-                await _read_requests(stream, handlers, limits, send_slots, nursery, session)
+                await _read_requests(stream, handlers, limits, send_slots, nursery, session,
+                                     memory)
     except* ConnectionClosed as group:
         log.warning("closing connection from %s: %s", peer, group.exceptions[0])
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError) as group:
@@ -131,15 +154,15 @@ async def _read_requests(
     slots: trio.MemorySendChannel[_Slot],
     nursery: trio.Nursery,
     session: Session,
+    memory: RequestMemory,
 ) -> None:
     peer = session.peer
-    reader = _FrameReader(stream.socket, limits, session)
+    reader = _FrameReader(stream.socket, limits, session, memory)
     while True:
         try:
-            frame = await reader.next_frame()
-            if frame is None:
+            slot = await _next_request(reader, handlers, nursery, session)
+            if slot is None:
                 return
-            slot = _dispatch(frame, handlers, nursery, session)
         except ConnectionClosed as exc:
             # Requests read before the bad one were already handled (a produce may be in the
             # log), so their responses still go out, in order, before the close: otherwise a
@@ -150,8 +173,56 @@ async def _read_requests(
         await slots.send(slot)
 
 
+@dataclass
+class _Frame:
+    buffer: bytearray  # the frame is its first ``size`` bytes (a recycled buffer is longer)
+    size: int
+    lease: FrameLease
+    recyclable: bool = False
+
+    def view(self) -> memoryview:
+        return memoryview(self.buffer)[:self.size]
+
+
+async def _next_request(
+    reader: _FrameReader, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session
+) -> _Slot | None:
+    """Reads and dispatches the next frame. Kept apart from the reading loop so that no
+    variable of the loop keeps a frame alive after its lease is given back."""
+    frame = await reader.next_frame()
+    if frame is None:
+        return None
+    try:
+        slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease)
+    except BaseException:
+        frame.lease.release()
+        raise
+    viewed = _is_viewed(frame.buffer)
+    if slot.done.is_set() or not viewed:
+        # The handler is done with the request's bytes (Produce has appended its records,
+        # and what waits for the acknowledgement keeps no view of them): stop counting them.
+        # A deferred part still holding a view gives the lease back when it finishes.
+        frame.lease.release()
+    if frame.recyclable and not viewed:
+        reader.recycle(frame.buffer)
+    return slot
+
+
+def _is_viewed(data: bytearray) -> bool:
+    """Whether anything still holds a memoryview of ``data``. A bytearray cannot change size
+    while it is viewed, so taking its last byte off and putting it back (in place, without a
+    reallocation: O(1)) answers without keeping track of every view a handler made."""
+    try:
+        last = data.pop()
+    except BufferError:
+        return True
+    data.append(last)
+    return False
+
+
 def _dispatch(
-    frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session
+    frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session,
+    lease: FrameLease,
 ) -> _Slot:
     key, version, correlation_id = codec.peek_request_header(frame)
     api = APIS_BY_KEY.get(key)
@@ -161,7 +232,7 @@ def _dispatch(
         # Kafka: after a failed authentication, or during a SASL exchange, any other request
         # closes the connection.
         raise ConnectionClosed(f"{api.name} not allowed in SASL state {session.sasl_state.value}")
-    slot = _Slot(api, version, correlation_id)
+    slot = _Slot(api, version, correlation_id, lease)
     if not api.supports(version):
         if api is API_VERSIONS:
             # KIP-511: answer with a v0 body carrying UNSUPPORTED_VERSION and our ranges.
@@ -196,6 +267,7 @@ async def _finish_deferred(slot: _Slot, deferred: Deferred) -> None:
         body = await deferred()
     finally:
         slot.done.set()  # the writer must never wait forever on a failed handler
+        slot.lease.release()
     if body is None:
         slot.respond = False
     slot.body = body
@@ -211,27 +283,56 @@ def api_versions_body(error: ErrorCode, handlers: dict[int, Handler]) -> Body:
 
 
 class _FrameReader:
-    """Reads size-prefixed frames straight into one buffer per frame (recv_into)."""
+    """Reads size-prefixed frames with recv_into, growing each frame's buffer as its bytes
+    arrive: never a buffer of the declared size before the bytes exist, so a peer that
+    announces a big frame and sends little holds little memory."""
 
     def __init__(self, sock: trio.socket.SocketType, limits: ListenerLimits,
-                 session: Session) -> None:
+                 session: Session, memory: RequestMemory) -> None:
         self._sock = sock
         self._limits = limits
         self._session = session
-        self._pending = bytearray()
+        self._memory = memory
+        self._waiting_for_memory = False
+        # A negative connections.max.idle.ms (the config accepts -1) disables the idle
+        # timeout, as in Kafka; trio refuses negative timeouts, so it must become "never".
+        idle_ms = limits.idle_ms_max
+        self._idle_s = idle_ms / 1000 if idle_ms >= 0 else math.inf
 
-    async def next_frame(self) -> memoryview | None:
-        # A negative connections.max.idle.ms (the config accepts -1) disables the idle timeout,
-        # as in Kafka; trio refuses negative timeouts, so it must become "never".
-        idle_ms = self._limits.idle_ms_max
-        idle_s = idle_ms / 1000 if idle_ms >= 0 else math.inf
-        with trio.move_on_after(idle_s) as idle:
-            prefix = await self._read_exactly(4, eof_ok=True)
+    async def next_frame(self) -> _Frame | None:
+        """The next frame with its lease on the node's request memory, or None at EOF."""
+        size = await self._next_size()
+        if size is None:
+            return None
+        lease = self._memory.lease()
+        try:
+            return await self._read_body_in_time(size, lease)
+        except BaseException:
+            lease.release()
+            raise
+
+    def recycle(self, buffer: bytearray) -> None:
+        self._memory.recycle(buffer)
+
+    async def _read_body_in_time(self, size: int, lease: FrameLease) -> _Frame:
+        self._waiting_for_memory = False
+        with trio.move_on_after(self._idle_s):
+            return await self._read_body(size, lease)
+        if self._waiting_for_memory:
+            raise ConnectionClosed(f"no memory for a {size}-byte request within"
+                                   f" {self._idle_s:g} s (queued.max.request.bytes)")
+        # Said plainly (a bare TooSlowError logged only "send or receive timed out").
+        raise ConnectionClosed(f"only part of a {size}-byte request arrived within"
+                               f" {self._idle_s:g} s (connections.max.idle.ms)")
+
+    async def _next_size(self) -> int | None:
+        with trio.move_on_after(self._idle_s) as idle:
+            prefix = await self._read_prefix()
         if idle.cancelled_caught:
-            raise ConnectionClosed(f"idle for {idle_s:g} s (connections.max.idle.ms)")
+            raise ConnectionClosed(f"idle for {self._idle_s:g} s (connections.max.idle.ms)")
         if prefix is None:
             return None
-        (size,) = _SIZE.unpack(prefix)
+        size: int = _SIZE.unpack(prefix)[0]
         if size < 8 or size > self._limits.request_bytes_max:
             raise ConnectionClosed(
                 f"frame of {size} bytes outside [8, {self._limits.request_bytes_max}]"
@@ -241,29 +342,70 @@ class _FrameReader:
         if pre_auth_max is not None and size > pre_auth_max:
             raise ConnectionClosed(f"frame of {size} bytes during authentication"
                                    f" (limit {pre_auth_max})")
-        with trio.move_on_after(idle_s) as stalled:
-            frame = await self._read_exactly(size, eof_ok=False)
-        if stalled.cancelled_caught:
-            # Said plainly (a bare TooSlowError logged only "send or receive timed out").
-            raise ConnectionClosed(f"only part of a {size}-byte request arrived within"
-                                   f" {idle_s:g} s (connections.max.idle.ms)")
-        assert frame is not None
-        return frame
+        return size
 
-    async def _read_exactly(self, size: int, *, eof_ok: bool) -> memoryview | None:
-        buf = bytearray(size)
-        view = memoryview(buf)
-        have = min(len(self._pending), size)
-        view[:have] = self._pending[:have]
-        del self._pending[:have]
-        while have < size:
-            received = await self._sock.recv_into(view[have:], size - have)
+    async def _read_prefix(self) -> bytearray | None:
+        prefix = bytearray(4)
+        have = 0
+        while have < 4:
+            received = await self._sock.recv_into(memoryview(prefix)[have:], 4 - have)
             if received == 0:
-                if eof_ok and have == 0:
+                if have == 0:
                     return None
                 raise ConnectionClosed("peer closed the connection mid-frame")
             have += received
-        return view
+        return prefix
+
+    async def _read_body(self, size: int, lease: FrameLease) -> _Frame:
+        if size <= SMALL_FRAME_BYTES:
+            await self._reserve(lease, size)
+            return _Frame(await self._fill(bytearray(size)), size, lease)
+        await self._reserve(lease, FRAME_BUFFER_BYTES)
+        first = self._memory.frame_buffer()
+        if size <= len(first):  # the common produce request: one buffer, no copy
+            await self._fill(first, size)
+            return _Frame(first, size, lease, recyclable=True)
+        chunks = [await self._fill(first)]
+        await self._read_more_chunks(chunks, size, lease)
+        # The codec needs the frame in one piece: one copy, counted against the budget
+        # until the chunks are gone.
+        await self._reserve(lease, size)
+        frame = bytearray().join(chunks)
+        chunks.clear()
+        self._memory.recycle(first)
+        lease.shrink(lease.held - size)
+        return _Frame(frame, size, lease)
+
+    async def _read_more_chunks(self, chunks: list[bytearray], size: int,
+                                lease: FrameLease) -> None:
+        """The rest of a big frame in chunks that double as its bytes arrive, each allocated
+        only once the budget grants it: a frame holds at most about twice what its peer has
+        sent, never the size it declared."""
+        have = sum(len(chunk) for chunk in chunks)
+        while have < size:
+            nbytes = min(size - have, max(FRAME_BUFFER_BYTES, have))
+            await self._reserve(lease, nbytes)
+            chunks.append(await self._fill(bytearray(nbytes)))
+            have += nbytes
+
+    async def _reserve(self, lease: FrameLease, nbytes: int) -> None:
+        # Waiting here stops reading this socket: the back-pressure on the peer.
+        self._waiting_for_memory = True
+        await lease.grow(nbytes)
+        self._waiting_for_memory = False
+
+    async def _fill(self, buffer: bytearray, size: int | None = None) -> bytearray:
+        """Receives exactly ``size`` bytes (all of ``buffer`` by default) into ``buffer``."""
+        size = len(buffer) if size is None else size
+        view = memoryview(buffer)
+        have = 0
+        while have < size:
+            received = await self._sock.recv_into(view[have:size], size - have)
+            if received == 0:
+                raise ConnectionClosed("peer closed the connection mid-frame")
+            have += received
+        view.release()  # the buffer may be joined, checked for views or recycled later
+        return buffer
 
 
 async def _write_responses(
@@ -355,8 +497,10 @@ async def serve_listener(
     bound_port = listeners[0].socket.getsockname()[1]
     log.info("Kafka listener on %s:%d", host, bound_port)
 
+    memory = RequestMemory(limits.queued_request_bytes_max)  # one budget for the node
+
     async def handle(stream: trio.SocketStream) -> None:
-        await serve_connection(stream, handlers, limits)
+        await serve_connection(stream, handlers, limits, memory)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

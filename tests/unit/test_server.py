@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 from raftlog.config import ServerConfig
 from raftlog.fetch import codec
@@ -23,6 +24,7 @@ from raftlog.fetch.apis import KafkaApis
 from raftlog.fetch.client import KafkaConnection
 from raftlog.fetch.codec import Api, Struct
 from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.request_memory import FRAME_BUFFER_BYTES, FrameLease, RequestMemory
 from raftlog.fetch.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
 from raftlog.fetch.server import (
     INFLIGHT_REQUESTS_MAX,
@@ -32,13 +34,16 @@ from raftlog.fetch.server import (
     HandlerResult,
     ListenerLimits,
     RequestContext,
+    _Frame,
     _FrameReader,
     api_versions_body,
+    serve_connection,
     serve_listener,
 )
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.quorum import Quorum
 from raftlog.partition.manager import PartitionManager
+from raftlog.security.session import Session
 
 _SIZE = struct.Struct(">i")
 LIMITS = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=10_000)
@@ -299,7 +304,8 @@ async def test_oversized_frame_is_refused_without_reading_it() -> None:
     port = listener.socket.getsockname()[1]
     client = await trio.open_tcp_stream("127.0.0.1", port)
     server = await listener.accept()
-    reader = _FrameReader(server.socket, ListenerLimits(request_bytes_max=100, idle_ms_max=1000))
+    limits = ListenerLimits(request_bytes_max=100, idle_ms_max=1000)
+    reader = _FrameReader(server.socket, limits, Session("test"), RequestMemory(1 << 20))
     await client.send_all(_SIZE.pack(101) + b"x" * 50)
     with pytest.raises(ConnectionClosed, match=r"frame of 101 bytes outside \[8, 100\]"):
         await reader.next_frame()
@@ -344,6 +350,203 @@ async def test_idle_and_stalled_connections_are_closed(
     with caplog.at_level(logging.WARNING):
         assert "idle for 0.2 s (connections.max.idle.ms)" in caplog.text
         assert "only part of a 50-byte request arrived within 0.2 s" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Request memory (queued.max.request.bytes)
+
+
+class PeakMemory(RequestMemory):
+    """The budget, remembering the most it ever granted (``used`` only rises at a grant)."""
+
+    peak = 0
+
+    async def acquire(self, lease: FrameLease, nbytes: int) -> None:
+        await super().acquire(lease, nbytes)
+        self.peak = max(self.peak, self.used)
+
+
+@asynccontextmanager
+async def serving_with(
+    memory: RequestMemory, handlers: Mapping[int, Handler], limits: ListenerLimits = LIMITS
+) -> AsyncIterator[int]:
+    """Like ``serving``, with the test's own request memory."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await serve_connection(stream, dict(handlers), limits, memory)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handle, listeners)
+        yield listeners[0].socket.getsockname()[1]
+        nursery.cancel_scope.cancel()
+
+
+async def _reader_pair(
+    limits: ListenerLimits, memory: RequestMemory
+) -> tuple[trio.SocketStream, trio.SocketStream, _FrameReader]:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    client = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
+    server = await listener.accept()
+    await listener.aclose()
+    return client, server, _FrameReader(server.socket, limits, Session("test"), memory)
+
+
+async def test_a_frame_buffer_grows_as_its_bytes_arrive() -> None:
+    """The declared size is never allocated up front; chunks follow the bytes received."""
+    size = 8 << 20
+    memory = RequestMemory(1 << 30)
+    limits = ListenerLimits(request_bytes_max=size, idle_ms_max=10_000)
+    client, server, reader = await _reader_pair(limits, memory)
+    payload = bytes(range(256)) * (size // 256)
+    frames: list[_Frame | None] = []
+
+    async def read() -> None:
+        frames.append(await reader.next_frame())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await client.send_all(_SIZE.pack(size) + payload[:2])
+        await trio.testing.wait_all_tasks_blocked()
+        assert memory.used == FRAME_BUFFER_BYTES  # not 8 MiB
+        sent = 3 << 20
+        await client.send_all(payload[2:sent])
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent < memory.used <= 2 * sent + FRAME_BUFFER_BYTES
+        await client.send_all(payload[sent:])
+    frame_read = frames[0]
+    assert frame_read is not None and frame_read.view() == payload  # joined in order
+    assert frame_read.lease.held == size == memory.used
+    frame_read.lease.release()
+    assert memory.used == 0
+    for stream in (client, server):
+        await stream.aclose()
+
+
+async def test_a_frame_cut_short_gives_its_memory_back() -> None:
+    memory = RequestMemory(1 << 30)
+    limits = ListenerLimits(request_bytes_max=8 << 20, idle_ms_max=10_000)
+    client, server, reader = await _reader_pair(limits, memory)
+
+    async def send_part_and_close() -> None:
+        await client.send_all(_SIZE.pack(4 << 20) + b"x" * (2 << 20))  # a second chunk
+        await client.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_part_and_close)
+        with pytest.raises(ConnectionClosed, match="mid-frame"):
+            await reader.next_frame()
+    assert memory.used == 0
+    await server.aclose()
+
+
+async def test_request_bytes_count_until_the_handler_is_done_with_them() -> None:
+    """A deferred part that keeps a view of the request keeps it counted; one that does not
+    (Produce waiting for acks after its append) gives the bytes back at once."""
+    memory = RequestMemory(1 << 30)
+    release = trio.Event()
+    dispatched = [trio.Event(), trio.Event()]
+
+    def produce(request: RequestContext) -> HandlerResult:
+        records = request.body.topic_data[0].partition_data[0].records
+        correlation_id = request.header.correlation_id
+        keep = correlation_id == 1
+
+        async def acknowledged() -> Body:
+            await release.wait()
+            if keep:
+                assert bytes(records) == b"r" * 1000  # still reading the request
+            return {"responses": [], "throttle_time_ms": 0}
+
+        if not keep:
+            del records
+        # The listener looks at the frame right after this returns, before any other task
+        # runs, so the test sees the outcome once it wakes up.
+        dispatched[correlation_id].set()
+        return acknowledged
+
+    body = {"acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": b"r" * 1000}]}]}
+    async with serving_with(memory, with_api_versions({PRODUCE.key: produce})) as port:
+        client = await Client.connect(port)
+        await client.send(frame(PRODUCE, 8, body, 0))
+        await dispatched[0].wait()
+        assert memory.used == 0  # Produce 0 waits, but holds no view of its request
+        request = frame(PRODUCE, 8, body, 1)
+        await client.send(request)
+        await dispatched[1].wait()
+        assert memory.used == len(request) - 4  # Produce 1 keeps its records in view
+        release.set()
+        for correlation_id in (0, 1):
+            await client.response(PRODUCE, 8, correlation_id)
+        assert memory.used == 0
+        await client.aclose()
+
+
+async def test_a_frame_buffer_still_viewed_is_never_reused() -> None:
+    """Big frames start in recycled buffers; one whose records a deferred part still reads
+    must keep its bytes while later frames arrive."""
+    memory = RequestMemory(1 << 30)
+    release = trio.Event()
+    kept: list[memoryview] = []
+    dispatched = trio.Event()
+
+    def produce(request: RequestContext) -> HandlerResult:
+        records = request.body.topic_data[0].partition_data[0].records
+        if request.header.correlation_id == 0:
+            kept.append(records)
+        elif request.header.correlation_id == 3:
+            dispatched.set()
+
+        async def acknowledged() -> Body:
+            await release.wait()
+            return {"responses": [], "throttle_time_ms": 0}
+
+        return acknowledged
+
+    def body(fill: bytes) -> dict[str, Any]:
+        return {"acks": -1, "timeout_ms": 1000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": fill * (200 << 10)}]}]}
+
+    async with serving_with(memory, with_api_versions({PRODUCE.key: produce})) as port:
+        client = await Client.connect(port)
+        await client.send(frame(PRODUCE, 8, body(b"a"), 0))
+        for correlation_id in range(1, 4):  # each may reuse a buffer, never the first one
+            await client.send(frame(PRODUCE, 8, body(b"b"), correlation_id))
+        await dispatched.wait()
+        assert bytes(kept[0]) == b"a" * (200 << 10)
+        kept.clear()
+        release.set()
+        for correlation_id in range(4):
+            await client.response(PRODUCE, 8, correlation_id)
+        assert memory.used == 0
+        await client.aclose()
+
+
+async def test_big_frames_from_many_connections_stay_within_the_budget() -> None:
+    """Together they need four times the budget: all are answered (no reader waits for
+    another for ever) and the node never holds more than the budget plus one frame (twice,
+    while its chunks are joined)."""
+    budget, size, connections = 4 << 20, 3 << 20, 6
+    memory = PeakMemory(budget)
+    limits = ListenerLimits(request_bytes_max=size, idle_ms_max=10_000)
+    header = struct.pack(">hhih", API_VERSIONS.key, 0, 0, -1)  # ApiVersions v0, null client
+    request = _SIZE.pack(size) + header + b"\0" * (size - len(header))  # trailing bytes
+
+    async def one_client(port: int) -> None:
+        client = await Client.connect(port)
+        for piece in range(0, len(request), 256 << 10):
+            await client.send(request[piece:piece + (256 << 10)])
+        await client.response(API_VERSIONS, 0, 0)
+        await client.aclose()
+
+    async with serving_with(memory, with_api_versions({}), limits) as port:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(connections):
+                    nursery.start_soon(one_client, port)
+    assert budget < memory.peak <= budget + 2 * size
+    assert memory.used == 0
 
 
 # ---------------------------------------------------------------------------------------------
