@@ -42,7 +42,7 @@ from raftlog.fetch.apis import KafkaApis
 from raftlog.fetch.client import ClusterLogin
 from raftlog.fetch.controller_apis import ControllerApis
 from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.sasl_apis import ClusterActionGate, SaslApis
+from raftlog.fetch.sasl_apis import ClusterActionGate, SaslApis, broker_epoch_extension
 from raftlog.fetch.schemas import API_VERSIONS
 from raftlog.fetch.server import (
     Handler,
@@ -60,7 +60,7 @@ from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.replication import ReplicaManager, ReplicationSettings
-from raftlog.security.session import BROKER_EPOCH_EXTENSION, ClusterCredentials, broker_user
+from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.txn.apis import ProducerApis
 from raftlog.txn.coordinator_service import TxnSettings
 from raftlog.txn.producer_ids import ProducerIdManager
@@ -131,7 +131,8 @@ class Node:
         incarnation_id = _local_incarnation(quorum, config.node_id) or uuid.uuid4().hex
         login = None if credentials is None else ClusterLogin(
             credentials, broker_user(config.node_id),
-            extensions=lambda: _broker_epoch_extension(quorum, config.node_id, incarnation_id))
+            extensions=lambda: broker_epoch_extension(quorum.image, config.node_id,
+                                              incarnation_id))
         gate = ClusterActionGate()
         channel = ControllerChannel(config.node_id, quorum, login=login)
         lifecycle = BrokerLifecycle(
@@ -225,15 +226,6 @@ def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:
         return None
     broker = quorum.image.brokers.get(node_id)
     return None if broker is None else broker.incarnation_id
-
-
-def _broker_epoch_extension(quorum: Quorum, node_id: int, incarnation_id: str
-                            ) -> dict[str, str]:
-    """The broker epoch this node's connections claim (KIP-903): its registration's, once
-    the image holds this incarnation's registration, else -1."""
-    me = quorum.image.brokers.get(node_id)
-    epoch = me.epoch if me is not None and me.incarnation_id == incarnation_id else -1
-    return {BROKER_EPOCH_EXTENSION: str(epoch)}
 
 
 def _registered_in_image(quorum: Quorum, lifecycle: BrokerLifecycle, is_broker: bool) -> bool:

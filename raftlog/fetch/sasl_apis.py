@@ -26,7 +26,9 @@ from raftlog.fetch.schemas import (
 from raftlog.fetch.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.fetch.schemas_txn import WRITE_TXN_MARKERS
 from raftlog.fetch.server import Handler, HandlerResult, RequestContext
+from raftlog.metadata.image import MetadataImage
 from raftlog.security.session import (
+    BROKER_EPOCH_EXTENSION,
     CLUSTER_MECHANISM,
     ClusterAuthorizer,
     ClusterCredentials,
@@ -135,3 +137,12 @@ def local_session(node_id: int) -> Session:
     """The session of a request a node makes of itself (no network, no exchange)."""
     return Session("in-process", KafkaPrincipal("User", broker_user(node_id)),
                    broker_id=node_id, sasl_state=SaslState.AUTHENTICATED)
+
+
+def broker_epoch_extension(image: MetadataImage, node_id: int, incarnation_id: str
+                           ) -> dict[str, str]:
+    """The SCRAM extension a broker's connections claim (KIP-903's replica epoch): the epoch
+    of this incarnation's registration once ``image`` holds it, else -1."""
+    me = image.brokers.get(node_id)
+    epoch = me.epoch if me is not None and me.incarnation_id == incarnation_id else -1
+    return {BROKER_EPOCH_EXTENSION: str(epoch)}

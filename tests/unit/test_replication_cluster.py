@@ -21,9 +21,10 @@ import trio
 
 from raftlog.config import ServerConfig
 from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.client import KafkaConnection
+from raftlog.fetch.client import ClusterLogin, KafkaConnection
 from raftlog.fetch.codec import Struct
 from raftlog.fetch.errors import ErrorCode
+from raftlog.fetch.sasl_apis import SaslApis, broker_epoch_extension
 from raftlog.fetch.schemas import FETCH, LIST_OFFSETS, METADATA, OFFSET_FOR_LEADER_EPOCH, PRODUCE
 from raftlog.fetch.server import (
     Handler,
@@ -45,7 +46,9 @@ from raftlog.metadata.testing import MachineDriver, make_topic_id
 from raftlog.partition.batch import build_batch, decode_records, validate_batches
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
 from raftlog.partition.replication import ReplicaManager, ReplicationSettings
+from raftlog.security.session import ClusterCredentials, broker_user
 
+CREDENTIALS = ClusterCredentials("replication-test-secret")
 LIMITS = ListenerLimits(request_bytes_max=1 << 24, idle_ms_max=60_000)
 FAST = ReplicationSettings(
     fetch_wait_max_ms=200,
@@ -88,12 +91,13 @@ class TestNode:
         self.manager = PartitionManager(self.data_dir, self.node_id)
         self.replicas = ReplicaManager(self.manager, settings=self.cluster.settings,
                                        alter_isr=self.cluster.alter_isr,
-                                       incarnation_id=f"inc-{self.node_id}")
+                                       incarnation_id=f"inc-{self.node_id}",
+                                       login=broker_login(self.node_id, self.quorum))
         self.apis = KafkaApis(self.config, self.quorum, self.manager,  # type: ignore[arg-type]
                               self.replicas)
 
     def handlers(self) -> dict[int, Handler]:
-        table = self.apis.handlers()
+        table = {**self.apis.handlers(), **SaslApis(CREDENTIALS).handlers()}
         fetch = table[FETCH.key]
 
         def maybe_refuse(request: RequestContext) -> HandlerResult:
@@ -238,8 +242,24 @@ async def produce(client: KafkaConnection, data: bytes, *, acks: int = -1,
     return result
 
 
-async def connect(node: TestNode) -> KafkaConnection:
-    return await KafkaConnection.connect("127.0.0.1", node.port)
+def broker_login(node_id: int, quorum: ImageHolder | None = None) -> ClusterLogin:
+    """How broker ``node_id`` authenticates (its epoch from ``quorum``'s image, as a node
+    does; -1 without one)."""
+    def extensions() -> dict[str, str]:
+        image = quorum.image if quorum is not None else MetadataImage()
+        return broker_epoch_extension(image, node_id, f"inc-{node_id}")
+
+    return ClusterLogin(CREDENTIALS, broker_user(node_id), extensions)
+
+
+async def connect(node: TestNode, as_broker: int | None = None) -> KafkaConnection:
+    """A client connection, or broker ``as_broker``'s (replica fetches need one)."""
+    login = None
+    if as_broker is not None:
+        holder = ImageHolder()
+        holder.image = node.cluster.image  # the broker's epoch as the metadata has it now
+        login = broker_login(as_broker, holder)
+    return await KafkaConnection.connect("127.0.0.1", node.port, login=login)
 
 
 async def eventually(predicate: Any, timeout_s: float = 10.0) -> None:
@@ -390,11 +410,13 @@ async def test_leader_change_truncates_a_divergent_tail(tmp_path: Path) -> None:
         # The old leader now refuses produce; the deposed epoch is fenced.
         result = await produce(old_leader, record_batch(99))
         assert result.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
-        fetched = await new_leader.request(FETCH, {
+        as_replica_3 = await connect(nodes[2], as_broker=3)
+        fetched = await as_replica_3.request(FETCH, {
             "replica_id": 3, "max_wait_ms": 0, "min_bytes": 0, "topics": [{"topic": TOPIC,
             "partitions": [{"partition": 0, "current_leader_epoch": 0, "fetch_offset": 0,
                             "partition_max_bytes": 1000}]}]}, version=11)
         assert fetched.responses[0].partitions[0].error_code == ErrorCode.FENCED_LEADER_EPOCH
+        await as_replica_3.aclose()
         await old_leader.aclose()
         await new_leader.aclose()
 
@@ -452,6 +474,9 @@ async def test_epochs_and_roles_are_checked(tmp_path: Path, caplog: pytest.LogCa
         cluster.change(leader=1, isr=(1, 2))  # leader epoch 1
         leader = await connect(nodes[1])
         follower = await connect(nodes[2])
+        # Replica requests are cluster actions: they go over broker 2's own connections.
+        as_broker = {1: await connect(nodes[1], as_broker=2),
+                     2: await connect(nodes[2], as_broker=2)}
         assert (await produce(leader, record_batch(0))).error_code == 0
 
         async def fetch(client: KafkaConnection, epoch: int, replica_id: int) -> int:
@@ -474,20 +499,33 @@ async def test_epochs_and_roles_are_checked(tmp_path: Path, caplog: pytest.LogCa
             return result
 
         for replica_id in (-1, 2):
-            assert await fetch(leader, 0, replica_id) == ErrorCode.FENCED_LEADER_EPOCH
-            assert await fetch(leader, 2, replica_id) == ErrorCode.UNKNOWN_LEADER_EPOCH
-            assert await fetch(leader, 1, replica_id) == ErrorCode.NONE
-            assert await fetch(follower, 1, replica_id) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+            on_leader = leader if replica_id < 0 else as_broker[1]
+            on_follower = follower if replica_id < 0 else as_broker[2]
+            assert await fetch(on_leader, 0, replica_id) == ErrorCode.FENCED_LEADER_EPOCH
+            assert await fetch(on_leader, 2, replica_id) == ErrorCode.UNKNOWN_LEADER_EPOCH
+            assert await fetch(on_leader, 1, replica_id) == ErrorCode.NONE
+            assert await fetch(on_follower, 1, replica_id) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        # Only broker 2 may fetch as replica 2, and a stranger as none.
+        assert await fetch(leader, 1, 2) == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        assert await fetch(as_broker[1], 1, 1) == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        assert (await epoch_end(leader, 1, 0)).error_code == \
+            ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         # A replica that is not assigned to the partition cannot fetch as a follower.
-        assert await fetch(leader, 1, 7) == ErrorCode.NOT_LEADER_OR_FOLLOWER
-        assert (await epoch_end(leader, 0, 0)).error_code == ErrorCode.FENCED_LEADER_EPOCH
-        assert (await epoch_end(leader, 2, 0)).error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
-        assert (await epoch_end(follower, 1, 0)).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
-        answer = await epoch_end(leader, 1, 0)  # epoch 0 wrote nothing: it ends where 1 starts
+        cluster.driver.apply(RegisterBroker(7, "127.0.0.1", 1, None, "inc-7"))
+        cluster.publish()
+        assert await fetch(await connect(nodes[1], as_broker=7), 1, 7) == \
+            ErrorCode.NOT_LEADER_OR_FOLLOWER
+        leader_as_2 = as_broker[1]
+        assert (await epoch_end(leader_as_2, 0, 0)).error_code == ErrorCode.FENCED_LEADER_EPOCH
+        assert (await epoch_end(leader_as_2, 2, 0)).error_code == \
+            ErrorCode.UNKNOWN_LEADER_EPOCH
+        assert (await epoch_end(as_broker[2], 1, 0)).error_code == \
+            ErrorCode.NOT_LEADER_OR_FOLLOWER
+        answer = await epoch_end(leader_as_2, 1, 0)  # epoch 0 wrote nothing: ends where 1 starts
         assert (answer.error_code, answer.leader_epoch, answer.end_offset) == (0, 0, 0)
-        answer = await epoch_end(leader, 1, 1)
+        answer = await epoch_end(leader_as_2, 1, 1)
         assert (answer.error_code, answer.leader_epoch, answer.end_offset) == (0, 1, 3)
-        answer = await epoch_end(leader, -1, 5)
+        answer = await epoch_end(leader_as_2, -1, 5)
         assert (answer.leader_epoch, answer.end_offset) == (-1, -1)
         # Produce and ListOffsets go to the leader only.
         result = await produce(follower, record_batch(1))
