@@ -63,6 +63,11 @@ LIST_OFFSETS_VERSION = 5
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 IDLE_WAIT_S = 1.0
+# After STALE_BROKER_EPOCH: a restarted follower's registration reaches the leader's image (and
+# its own) within milliseconds, so it reconnects this soon rather than after the full backoff
+# (which added a second to every restarted node's return to the ISR); doubling per stale answer
+# in a row, up to the backoff, so a follower whose image stays behind does not spin.
+STALE_EPOCH_RETRY_S = 0.05
 
 # alter_isr(topic, partition, new_isr, leader_epoch, partition_epoch) sends AlterPartition for
 # one partition: ``partition_epoch`` is the committed epoch the change is based on (the
@@ -529,6 +534,7 @@ class LeaderFetcher:
         self._connection: KafkaConnection | None = None
         self._address: tuple[str, int] | None = None
         self._rotation = 0
+        self._stale_answers = 0  # STALE_BROKER_EPOCH answers in a row
 
     def start(self, nursery: trio.Nursery) -> None:
         if not self._started:
@@ -785,15 +791,22 @@ class LeaderFetcher:
                 stale_epoch = stale_epoch or result.error_code == ErrorCode.STALE_BROKER_EPOCH
                 if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     out_of_range.append(answered)
+                elif result.error_code == ErrorCode.STALE_BROKER_EPOCH:
+                    answered.delayed_until = trio.current_time() + min(
+                        STALE_EPOCH_RETRY_S * 2 ** min(self._stale_answers, 10),
+                        self.settings.fetch_backoff_ms / 1000)
                 elif result.error_code != ErrorCode.NONE:
                     self._back_off(answered, result.error_code, "Fetch")
                 elif self._append(answered, result.records):
                     appended.append((answered, answered.partition.log.log_end_offset,
                                      result.high_watermark, result.log_start_offset))
         await self._sync_and_advance(appended)
+        self._stale_answers = self._stale_answers + 1 if stale_epoch else 0
         if stale_epoch:
             # The connection authenticated with a broker epoch the leader does not hold as
             # ours (KIP-903): a new connection claims the epoch our image has now.
+            log.info("replica fetcher %d: leader %d holds another broker epoch for us;"
+                     " reconnecting", self.replicas.node_id, self.leader_id)
             await self._disconnect()
             return
         for assignment in out_of_range:
