@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench apt-test apt-bench clean
+.PHONY: demo test lint unit integration bench fuzz apt-test apt-bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +37,14 @@ test: $(STAMP) apt-test lint
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
+
+# Protocol fuzzing at length (tests/integration/test_fuzz.py runs 100,000 frames in the suite):
+# `make fuzz SEED=7 FRAMES=1000000`. Metadata's topic auto-creation is on here (off in the suite).
+FRAMES ?= 1000000
+SEED ?= 1
+fuzz: $(STAMP)
+	RAFTLOG_FUZZ_FRAMES=$(FRAMES) RAFTLOG_FUZZ_SEED=$(SEED) RAFTLOG_FUZZ_AUTO_CREATE=true \
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_fuzz.py
 
 bench: $(STAMP) apt-bench
 	$(PY) bench/produce_consume.py

@@ -208,6 +208,13 @@ class KafkaApis:
         if request.topics is None or (version == 0 and not request.topics):
             names = sorted(image.topics)
             return self._metadata_body(image, names)
+        if version < 12 and any(t.name is None for t in request.topics):
+            # v10-11 carry topic ids but serve no lookups by id, and their response has no
+            # null name: Kafka refuses the whole request (InvalidRequestException).
+            body = self._metadata_body(image, [])
+            body["topics"] = [{"error_code": ErrorCode.INVALID_REQUEST, "name": t.name or "",
+                               "partitions": []} for t in request.topics]
+            return body
         if not caught_up:  # a topic missing from a stale image may exist: say "retry"
             names = [t.name for t in request.topics]
             return self._metadata_body(image, names, unknown_code=ErrorCode.LEADER_NOT_AVAILABLE)
@@ -1002,6 +1009,10 @@ class KafkaApis:
         if count <= current:
             raise _Refused(ErrorCode.INVALID_PARTITIONS, f"Topic currently has {current} "
                            f"partitions, {count} would not be an increase.")
+        if count - current > PARTITIONS_PER_REQUEST_MAX:
+            # create_partitions checked the image the request arrived with; a topic created
+            # (or re-created smaller) since then reaches placement only through this check.
+            raise _Refused(ErrorCode.POLICY_VIOLATION, _TOO_MANY_PARTITIONS)
         if assignments is not None:
             new = tuple(tuple(a.broker_ids) for a in assignments)
             if len(new) != count - current:
@@ -1235,11 +1246,14 @@ def _has_transactional_batch(records: memoryview) -> bool:
     return False
 
 
+_TOO_MANY_PARTITIONS = (f"Excessively large number of partitions per request"
+                        f" (more than {PARTITIONS_PER_REQUEST_MAX}).")
+
+
 def _too_many_partitions(names: Iterable[str], key: str = "topics") -> Body:
-    message = (f"Excessively large number of partitions per request"
-               f" (more than {PARTITIONS_PER_REQUEST_MAX}).")
     return {"throttle_time_ms": 0, key: [
-        {"name": name, "error_code": ErrorCode.POLICY_VIOLATION, "error_message": message}
+        {"name": name, "error_code": ErrorCode.POLICY_VIOLATION,
+         "error_message": _TOO_MANY_PARTITIONS}
         for name in names]}
 
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 __all__ = [
     "Api",
     "DecodeError",
+    "EncodeError",
     "Field",
     "Region",
     "Struct",
@@ -41,6 +42,37 @@ __all__ = [
 
 class DecodeError(ValueError):
     """The peer sent bytes that do not parse under the declared schema (a remote error)."""
+
+
+class EncodeError(ValueError):
+    """A body does not fit its schema: a None where the version allows no null, an integer out
+    of its field's range, a string too long for its length prefix (a local bug, never the
+    peer's). ``path`` names the field, e.g. ``topics[0].name``, so the log says which handler
+    built what."""
+
+    def __init__(self, problem: str, path: str = "") -> None:
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.problem = problem
+        self.path = path
+
+    def within(self, name: str) -> EncodeError:
+        """The same error one level up: ``name`` is a field or an ``[index]``."""
+        joined = name if not self.path else (
+            f"{name}{self.path}" if self.path.startswith("[") else f"{name}.{self.path}")
+        return EncodeError(self.problem, joined)
+
+
+# What a writer raises for a value that does not fit (struct.error for an integer out of
+# range or a string too long for an int16 length, TypeError/AttributeError for a wrong type).
+_WRITE_FAILURES = (EncodeError, struct.error, TypeError, ValueError, AttributeError,
+                   OverflowError)
+
+
+def _field_error(exc: Exception, name: str, value: Any) -> EncodeError:
+    """``exc`` from the writer of field ``name`` (or element ``[i]``), as an EncodeError."""
+    if isinstance(exc, EncodeError):
+        return exc.within(name)
+    return EncodeError(f"{exc} (value {value!r:.80})", name)
 
 
 class Region(Protocol):
@@ -348,7 +380,8 @@ class Output:
 
 
 def write_uvarint(out: bytearray, value: int) -> None:
-    assert value >= 0, value
+    if value < 0:
+        raise EncodeError(f"negative varint {value}")
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
@@ -375,7 +408,8 @@ def _write_uuid(out: Output, value: Any) -> None:
         out.buf += value.bytes
     else:
         raw = bytes(value)
-        assert len(raw) == 16, "a uuid is 16 bytes"
+        if len(raw) != 16:
+            raise EncodeError(f"a uuid is 16 bytes, not {len(raw)}")
         out.buf += raw
 
 
@@ -389,23 +423,49 @@ def _write_length(out: Output, length: int, compact: bool, wide: bool) -> None:
         out.buf += _I16.pack(length)
 
 
+_STRING_BYTES_MAX = 0x7FFF  # a non-compact string's int16 length
+
+
 def _string_writer(compact: bool, nullable: bool) -> Writer:
     def write(out: Output, value: Any) -> None:
         if value is None:
-            assert nullable, "None in a non-nullable string"
+            if not nullable:
+                raise EncodeError("None in a non-nullable string")
             _write_length(out, -1, compact, wide=False)
             return
         raw = value.encode("utf-8")
+        if len(raw) > _STRING_BYTES_MAX and not compact:
+            raise EncodeError(f"a string of {len(raw)} bytes (at most {_STRING_BYTES_MAX})")
         _write_length(out, len(raw), compact, wide=False)
         out.buf += raw
 
     return write
 
 
+def _message_writer(compact: bool, nullable: bool) -> Writer:
+    """Kafka's free-text error messages are for people and often quote the request's own
+    strings (a topic or config name of up to 32767 bytes), so one that would not fit a
+    non-compact string is shortened to fit, where any other string too long is a bug."""
+    write = _string_writer(compact, nullable)
+    if compact:
+        return write
+
+    def write_message(out: Output, value: Any) -> None:
+        if isinstance(value, str) and len(value) > _STRING_BYTES_MAX // 4:  # may not fit
+            raw = value.encode("utf-8")
+            if len(raw) > _STRING_BYTES_MAX:
+                # Cut at a character boundary, then mark the cut; at most the limit in all.
+                value = raw[: _STRING_BYTES_MAX - 3].decode("utf-8", "ignore") + "..."
+        write(out, value)
+
+    return write_message
+
+
 def _bytes_writer(compact: bool, nullable: bool) -> Writer:
     def write(out: Output, value: Any) -> None:
         if value is None:
-            assert nullable, "None in non-nullable bytes"
+            if not nullable:
+                raise EncodeError("None in non-nullable bytes")
             _write_length(out, -1, compact, wide=True)
             return
         _write_length(out, len(value), compact, wide=True)
@@ -419,7 +479,8 @@ def _records_writer(compact: bool, nullable: bool) -> Writer:
 
     def write(out: Output, value: Any) -> None:
         if value is None:
-            assert nullable, "None in non-nullable records"
+            if not nullable:
+                raise EncodeError("None in non-nullable records")
             _write_length(out, -1, compact, wide=True)
         elif isinstance(value, bytes | bytearray | memoryview):
             _write_length(out, len(value), compact, wide=True)
@@ -436,12 +497,16 @@ def _records_writer(compact: bool, nullable: bool) -> Writer:
 def _array_writer(item: Writer, compact: bool, nullable: bool) -> Writer:
     def write(out: Output, value: Any) -> None:
         if value is None:
-            assert nullable, "None in a non-nullable array"
+            if not nullable:
+                raise EncodeError("None in a non-nullable array")
             _write_length(out, -1, compact, wide=True)
             return
         _write_length(out, len(value), compact, wide=True)
-        for element in value:
-            item(out, element)
+        for index, element in enumerate(value):
+            try:
+                item(out, element)
+            except _WRITE_FAILURES as exc:
+                raise _field_error(exc, f"[{index}]", element) from None
 
     return write
 
@@ -504,6 +569,8 @@ def _primitive_codec(type_name: str, compact: bool, nullable: bool) -> tuple[Rea
 
 def _field_codec(f: Field, version: int, flexible: bool) -> tuple[Reader, Writer]:
     nullable = f.is_nullable(version)
+    if f.type == "string" and f.name.endswith("error_message"):
+        return _string_reader(flexible, nullable), _message_writer(flexible, nullable)
     if isinstance(f.type, list):
         inner = _compile_struct(tuple(f.type), version, flexible)
         return (
@@ -603,7 +670,10 @@ def _struct_writer(compiled: _Compiled) -> Writer:
         get = _getter(value)
         for name, _, writer, make in compiled.fields:
             item = get(name)
-            writer(out, make() if item is _MISSING else item)
+            try:
+                writer(out, make() if item is _MISSING else item)
+            except _WRITE_FAILURES as exc:
+                raise _field_error(exc, name, item) from None
         if compiled.flexible:
             _write_tagged(out, compiled, get)
 
@@ -618,7 +688,10 @@ def _write_tagged(out: Output, compiled: _Compiled, get: Callable[[str], Any]) -
         if item is _MISSING or item is None or item == make():
             continue  # tagged fields at their default are omitted
         encoded = Output()
-        writer(encoded, item)
+        try:
+            writer(encoded, item)
+        except _WRITE_FAILURES as exc:
+            raise _field_error(exc, name, item) from None
         present.append((tag, bytes(encoded.buf)))
     write_uvarint(out.buf, len(present))
     for tag, raw in present:
@@ -636,7 +709,7 @@ def _getter(value: Any) -> Callable[[str], Any]:
         return lambda name: values.get(name, _MISSING)
     if isinstance(value, Mapping):
         return lambda name: value.get(name, _MISSING)
-    raise TypeError(f"cannot encode {type(value).__name__} as a struct")
+    raise EncodeError(f"cannot encode {type(value).__name__} as a struct")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -671,9 +744,17 @@ def decode(
 def encode(
     api: Api, version: int, value: Mapping[str, Any] | Struct, *, is_request: bool = False
 ) -> list[bytes | bytearray | memoryview | Region]:
-    """Encodes a response (or request) body; missing fields take their declared default."""
+    """Encodes a response (or request) body; missing fields take their declared default.
+
+    Raises:
+        EncodeError: the body does not fit the schema at ``version`` (names the field).
+    """
     out = Output()
-    _struct_writer(_compiled_body(api, version, is_request))(out, value)
+    try:
+        _struct_writer(_compiled_body(api, version, is_request))(out, value)
+    except EncodeError as exc:
+        kind = "request" if is_request else "response"
+        raise EncodeError(exc.problem, f"{api.name} v{version} {kind} {exc.path}") from None
     return out.finish()
 
 

@@ -451,7 +451,9 @@ class ControllerApis:
             version < 4 or request.allow_auto_topic_creation
         )
         image = self.quorum.image
-        missing = [t.name for t in request.topics if t.name not in image.topics]
+        # A null name (a lookup by topic id) names nothing to create.
+        missing = [t.name for t in request.topics
+                   if t.name is not None and t.name not in image.topics]
         if not (allow and missing):
             return self.apis.metadata(ctx)
         local = ctx

@@ -774,5 +774,10 @@ def _sync_body(code: int, assignment: bytes = b"") -> Body:
     return {"error_code": code, "assignment": assignment}
 
 
+# The client id (or group.instance.id) that starts a member id is the client's, up to 32767
+# bytes; a member id longer than that could not be sent back (JoinGroup v0-5 strings).
+MEMBER_ID_PREFIX_CHARS_MAX = 1024
+
+
 def _random_member_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4()}"
+    return f"{prefix[:MEMBER_ID_PREFIX_CHARS_MAX]}-{uuid.uuid4()}"
