@@ -24,7 +24,13 @@ import trio
 from raftlog.fetch.errors import ErrorCode
 from raftlog.fetch.schemas_txn import DESCRIBE_PRODUCERS, WRITE_TXN_MARKERS
 from tests.integration.conftest import BrokerProcess
-from tests.integration.helpers import _connect, connect_admin, create_topic, unique_topic
+from tests.integration.helpers import (
+    _connect,
+    connect_admin,
+    create_topic,
+    unique_topic,
+    wait_until,
+)
 from tests.integration.test_transactions import _list_latest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -117,7 +123,9 @@ def test_a_stale_coordinators_marker_cannot_commit_the_next_transaction(
 
     # The real coordinator still commits it, and its marker is accepted.
     producer.commit_transaction(30)
-    assert _list_latest(broker.bootstrap, topic) == (4, 4)
+    # EndTxn answers once PrepareCommit is durable; the markers follow (as in Kafka).
+    wait_until(lambda: _list_latest(broker.bootstrap, topic) == (4, 4), 30,
+               "the COMMIT marker to move the last stable offset")
     assert _read_committed_values(broker.bootstrap, topic, 4) == [b"first", b"second"]
     assert coordinator_epoch >= 0, "the first COMMIT marker recorded its coordinator epoch"
     assert _producer_entry(broker.bootstrap, topic)[2] == coordinator_epoch
