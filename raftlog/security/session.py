@@ -77,23 +77,22 @@ class ClusterCredentials:
         if not secret:
             raise ValueError("an empty cluster secret authenticates nobody")
         self._secret = secret.encode("utf-8")
-        self._cache: dict[str, ScramCredential] = {}
-
-    def _salt(self, user: str) -> bytes:
-        # Deterministic per user, so every node derives the same credential without storing
-        # one; keyed by the secret, so it tells an eavesdropper nothing new.
-        return hmac.new(self._secret, b"raftlog scram salt:" + user.encode(),
-                        hashlib.sha256).digest()[:16]
+        self._credential: ScramCredential | None = None
 
     def lookup(self, mechanism: str, user: str) -> ScramCredential | None:
+        """One credential for every cluster user: they share the password, and the user name
+        is bound into every proof anyway (SCRAM's AuthMessage). One salt means one PBKDF2
+        derivation per node, computed once: per-user salts let a stranger make a node derive
+        (and keep) a credential for each of a billion broker ids."""
         if mechanism != CLUSTER_MECHANISM or not is_cluster_user(user):
             return None
-        credential = self._cache.get(user)
-        if credential is None:
-            credential = ScramCredential.from_password(
-                mechanism, self._secret, self._salt(user), ITERATIONS_MIN)
-            self._cache[user] = credential
-        return credential
+        if self._credential is None:
+            # Deterministic, so every node derives the same credential without storing one;
+            # keyed by the secret, so it tells an eavesdropper nothing new.
+            salt = hmac.new(self._secret, b"raftlog scram salt", hashlib.sha256).digest()[:16]
+            self._credential = ScramCredential.from_password(
+                mechanism, self._secret, salt, ITERATIONS_MIN)
+        return self._credential
 
     @property
     def decoy_key(self) -> bytes:

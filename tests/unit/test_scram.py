@@ -151,5 +151,18 @@ def test_session_failed_authentication_allows_nothing_more() -> None:
     assert session.principal.name == "ANONYMOUS"
 
 
+def test_cluster_credentials_cost_one_derivation_whatever_the_user() -> None:
+    """A stranger naming ever new broker ids must not make a node derive or keep anything new
+    (each derivation is 4096 PBKDF2 rounds)."""
+    credentials = ClusterCredentials(SECRET)
+    first = credentials.lookup(CLUSTER_MECHANISM, broker_user(1))
+    assert first is not None
+    for node_id in range(2, 200):
+        assert credentials.lookup(CLUSTER_MECHANISM, broker_user(node_id)) is first
+    assert credentials.lookup(CLUSTER_MECHANISM, ADMIN_USER) is first
+    assert credentials.lookup(CLUSTER_MECHANISM, "alice") is None
+    assert credentials.lookup("SCRAM-SHA-512", ADMIN_USER) is None
+
+
 def test_no_secret_no_mechanism() -> None:
     assert Session("p").handshake(CLUSTER_MECHANISM, None) == 33
