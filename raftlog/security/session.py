@@ -40,6 +40,11 @@ BROKER_EPOCH_EXTENSION: Final = "brokerepoch"
 # Kafka's limit for frames before a connection has authenticated (SaslHandshake and
 # SaslAuthenticate are tiny; a larger frame is an attack or a confused client).
 PRE_AUTH_FRAME_BYTES_MAX: Final = 512 * 1024
+# Kafka's error codes for the SASL exchange. This core sits below raftlog.fetch (which has
+# the full ErrorCode table), so it names the three it answers; a unit test keeps them equal.
+UNSUPPORTED_SASL_MECHANISM: Final = 33
+ILLEGAL_SASL_STATE: Final = 34
+SASL_AUTHENTICATION_FAILED: Final = 58
 
 
 @dataclass(frozen=True)
@@ -151,11 +156,11 @@ class Session:
         return True
 
     def handshake(self, mechanism: str, credentials: ClusterCredentials | None) -> int:
-        """SaslHandshake: returns a Kafka error code (0, 33 or 34)."""
+        """SaslHandshake: returns a Kafka error code (0 or one of the SASL errors above)."""
         if self.sasl_state is not SaslState.NONE:
-            return 34  # ILLEGAL_SASL_STATE: re-authentication is not served yet
+            return ILLEGAL_SASL_STATE  # re-authentication is not served yet
         if credentials is None or mechanism != CLUSTER_MECHANISM:
-            return 33  # UNSUPPORTED_SASL_MECHANISM
+            return UNSUPPORTED_SASL_MECHANISM
         self._exchange = ScramServer(mechanism, credentials.lookup, credentials.decoy_key)
         self.sasl_state = SaslState.HANDSHAKE_DONE
         return 0
@@ -166,7 +171,7 @@ class Session:
         if exchange is None or self.sasl_state not in (SaslState.HANDSHAKE_DONE,
                                                         SaslState.CHALLENGED):
             self.sasl_state = SaslState.FAILED
-            return 34, b"", "SaslAuthenticate before SaslHandshake"
+            return ILLEGAL_SASL_STATE, b"", "SaslAuthenticate before SaslHandshake"
         try:
             if self.sasl_state is SaslState.HANDSHAKE_DONE:
                 reply = exchange.first(auth_bytes)
@@ -178,7 +183,8 @@ class Session:
             self._exchange = None
             log.warning("authentication failed from %s (user %r): %s", self.peer,
                         exchange.user, exc)
-            return 58, b"", "Authentication failed during SCRAM authentication"
+            return (SASL_AUTHENTICATION_FAILED, b"",
+                    "Authentication failed during SCRAM authentication")
         self._become(exchange)
         return 0, reply, None
 

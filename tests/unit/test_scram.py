@@ -164,5 +164,13 @@ def test_cluster_credentials_cost_one_derivation_whatever_the_user() -> None:
     assert credentials.lookup("SCRAM-SHA-512", ADMIN_USER) is None
 
 
+def test_sasl_error_codes_are_kafkas() -> None:
+    from raftlog.fetch.errors import ErrorCode
+    from raftlog.security import session
+
+    for name in ("UNSUPPORTED_SASL_MECHANISM", "ILLEGAL_SASL_STATE", "SASL_AUTHENTICATION_FAILED"):
+        assert getattr(session, name) == ErrorCode[name]
+
+
 def test_no_secret_no_mechanism() -> None:
     assert Session("p").handshake(CLUSTER_MECHANISM, None) == 33
