@@ -2,7 +2,7 @@
 
     python examples/kill_demo.py [--records 2000]
 
-Starts a local raftlog node (``raftlog.demo.LocalNode``), produces N records, then for each
+Starts a local raftlog node (``raftlog.tools.demo.LocalNode``), produces N records, then for each
 strategy (at_most_once.py, at_least_once.py, exactly_once.py) runs the example as a
 subprocess, SIGKILLs it once part of the records are processed, restarts it until it has
 drained the topic, and prints how many records were processed 0, 1 and 2+ times (for
@@ -179,7 +179,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=2000)
     args = parser.parse_args()
     sys.path.insert(0, str(EXAMPLES.parent))  # run from a checkout without installing
-    from raftlog.demo import LocalNode
+    from raftlog.tools.demo import LocalNode
 
     with tempfile.TemporaryDirectory(prefix="raftlog-kill-demo-") as tmp:
         node = LocalNode(Path(tmp))

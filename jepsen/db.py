@@ -1,6 +1,6 @@
 """The database under test: one ``raftlog server`` process per node (the I/O shell).
 
-Node configurations come from :func:`raftlog.cluster.prepare` (what ``raftlog cluster up``
+Node configurations come from :func:`raftlog.tools.cluster.prepare` (what ``raftlog cluster up``
 generates: combined broker+controller nodes, a shared Raft secret, 1.5 s broker sessions);
 the harness then points each node's listeners, advertised listener and the voter list at the
 node's own address from :class:`jepsen.net.Net` (its namespace address, or 127.0.0.1), so
@@ -26,11 +26,11 @@ from typing import Any, Final
 import trio
 
 from jepsen.net import Net
+from raftlog.broker.controller_apis import describe_quorum_request
+from raftlog.client.connection import KafkaClientError, KafkaConnection
 from raftlog.clock import ENV_OFFSET_FILE
-from raftlog.cluster import ClusterLayout, node_directory, node_properties, prepare, probe
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
-from raftlog.fetch.controller_apis import describe_quorum_request
-from raftlog.fetch.schemas import DESCRIBE_QUORUM, METADATA
+from raftlog.protocol.schemas import DESCRIBE_QUORUM, METADATA
+from raftlog.tools.cluster import ClusterLayout, node_directory, node_properties, prepare, probe
 
 REQUEST_TIMEOUT_S: Final = 2.0
 STOP_TIMEOUT_S: Final = 10.0

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import trio
 
-from raftlog import tools
+from raftlog.client.connection import KafkaClientError, connect_any
 from raftlog.config import ConfigError, ServerConfig, load_properties
-from raftlog.fetch.client import KafkaClientError, connect_any
-from raftlog.fetch.schemas import METADATA
+from raftlog.protocol.schemas import METADATA
+from raftlog.tools import console as tools
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_CLUSTER_DIR = "raftlog-cluster"
@@ -90,10 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     quorum.add_argument("action", choices=["status"])
     quorum.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP)
 
-    from raftlog.group import cli as group_cli
+    from raftlog.tools import consumer_groups as group_cli
 
     group_cli.add_parser(commands)
-    from raftlog.txn import cli as txn_cli
+    from raftlog.tools import transactions as txn_cli
 
     txn_cli.add_parser(commands)
     return parser
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
                         args.from_beginning, args.max_messages, args.timeout_ms,
                         args.print_key, args.print_offset)
     if args.command == "cluster":
-        from raftlog.cluster import ClusterError, cluster_up
+        from raftlog.tools.cluster import ClusterError, cluster_up
 
         try:
             return trio.run(functools.partial(
@@ -164,19 +164,19 @@ def _run(args: argparse.Namespace) -> int:
             print(f"raftlog cluster: {exc}", file=sys.stderr)
             return 2
     if args.command == "quorum":
-        from raftlog.cluster import quorum_status
+        from raftlog.tools.cluster import quorum_status
 
         return trio.run(quorum_status, args.bootstrap_server)
     if args.command == "groups":
-        from raftlog.group import cli as group_cli
+        from raftlog.tools import consumer_groups as group_cli
 
         return group_cli.run(args)
     if args.command == "transactions":
-        from raftlog.txn import cli as txn_cli
+        from raftlog.tools import transactions as txn_cli
 
         return txn_cli.run(args)
     if args.command == "demo":
-        from raftlog.demo import run_demo
+        from raftlog.tools.demo import run_demo
 
         return run_demo(args.records)
     raise AssertionError(args.command)

@@ -31,20 +31,28 @@ from typing import Final
 
 import trio
 
-from raftlog.broker_lifecycle import (
+from raftlog.broker.apis import KafkaApis
+from raftlog.broker.controller_apis import ControllerApis
+from raftlog.broker.lifecycle import (
     CONTROLLED_SHUTDOWN_TIMEOUT_S,
     BrokerLifecycle,
     ControllerChannel,
 )
+from raftlog.client.connection import ClusterLogin
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ServerConfig
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.client import ClusterLogin
-from raftlog.fetch.controller_apis import ControllerApis
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.sasl_apis import ClusterActionGate, SaslApis, broker_epoch_extension
-from raftlog.fetch.schemas import API_VERSIONS
-from raftlog.fetch.server import (
+from raftlog.controller.service import ControllerService, settings_from_config
+from raftlog.group import GroupInstall
+from raftlog.group import install as install_groups
+from raftlog.metadata.state import MetadataStateMachine
+from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
+from raftlog.partition.manager import PartitionManager
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import API_VERSIONS
+from raftlog.quorum.local import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
+from raftlog.replication.manager import ReplicaManager, ReplicationSettings
+from raftlog.security.session import ClusterCredentials, broker_user
+from raftlog.server.listener import (
     Handler,
     HandlerResult,
     ListenerLimits,
@@ -52,19 +60,11 @@ from raftlog.fetch.server import (
     api_versions_body,
     serve_listener,
 )
-from raftlog.group import GroupInstall
-from raftlog.group import install as install_groups
-from raftlog.metadata.controller_service import ControllerService, settings_from_config
-from raftlog.metadata.quorum import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
-from raftlog.metadata.state import MetadataStateMachine
-from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
-from raftlog.partition.manager import PartitionManager
-from raftlog.partition.replication import ReplicaManager, ReplicationSettings
-from raftlog.security.session import ClusterCredentials, broker_user
-from raftlog.txn.apis import ProducerApis
+from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
+from raftlog.txn.apis import install as install_transactions
 from raftlog.txn.coordinator_service import TxnSettings
+from raftlog.txn.init_producer_id import ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager
-from raftlog.txn.txn_apis import install as install_transactions
 
 log = logging.getLogger(__name__)
 METADATA_WATCH_TIMEOUT_S: Final = 1.0
@@ -115,7 +115,7 @@ class Node:
                                    node=node) as local:
                 yield local
             return
-        from raftlog.metadata.raft import RaftQuorum  # pysyncobj only when clustered
+        from raftlog.quorum.raft import RaftQuorum  # pysyncobj only when clustered
 
         async with RaftQuorum.from_config(config) as raft:
             if raft.cluster_id is not None and raft.cluster_id != config.cluster_id:

@@ -4,7 +4,7 @@ Used by ``tests/integration/test_fuzz.py`` (100,000 frames in the suite) and by 
 (a longer run with a seed from the command line). Everything is derived from one seed, so a
 failing run can be repeated exactly.
 
-Valid requests are built from the schemas (``raftlog.fetch.schemas*``) with values chosen by
+Valid requests are built from the schemas (``raftlog.protocol.schemas*``) with values chosen by
 field name (topic names from a small pool, small timeouts so nothing long-polls for minutes,
 boundary integers, nulls where the version allows them). Each is then sent as it is or
 mutated: bit flips, interesting integers written over a field, truncation, extension, ranges
@@ -34,13 +34,13 @@ from typing import Any
 
 import trio
 
-import raftlog.fetch.schemas_group
-import raftlog.fetch.schemas_txn
-import raftlog.fetch.server  # noqa: F401  (registers every other API the listener decodes)
-from raftlog.fetch import codec
-from raftlog.fetch.codec import Api, DecodeError, Field
-from raftlog.fetch.schemas import API_VERSIONS, APIS_BY_KEY, ENVELOPE, PRODUCE
+import raftlog.protocol.schemas_group
+import raftlog.protocol.schemas_txn
+import raftlog.server.listener  # noqa: F401  (registers every other API the listener decodes)
 from raftlog.partition.batch import build_batch
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, DecodeError, Field
+from raftlog.protocol.schemas import API_VERSIONS, APIS_BY_KEY, ENVELOPE, PRODUCE
 from raftlog.security.session import ADMIN_USER, CLUSTER_MECHANISM, ClusterCredentials
 
 # Every API the listener decodes: schemas.py, schemas_group.py, schemas_txn.py and the rest.

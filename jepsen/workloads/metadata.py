@@ -29,9 +29,9 @@ import trio
 from jepsen.history import History
 from jepsen.linear import Call, check_linearizable, topic_model
 from jepsen.workloads import ClusterView, Outcome, Recorder
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import CREATE_PARTITIONS, CREATE_TOPICS, DELETE_TOPICS, METADATA
+from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import CREATE_PARTITIONS, CREATE_TOPICS, DELETE_TOPICS, METADATA
 
 TOPICS: Final = 4
 REQUEST_TIMEOUT_S: Final = 6.0

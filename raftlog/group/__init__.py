@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.coordinator_apis import CoordinatorApis, CoordinatorLookup
-from raftlog.fetch.server import Handler
 from raftlog.group.service import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, GroupService
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.manager import PartitionManager
+from raftlog.quorum.local import Quorum
+from raftlog.server.find_coordinator import CoordinatorApis, CoordinatorLookup
+from raftlog.server.listener import Handler
 
 __all__ = ["OFFSETS_TOPIC", "OFFSETS_TOPIC_PARTITIONS", "GroupInstall", "install"]
 

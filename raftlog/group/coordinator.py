@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.group.records import (
     GroupKey,
     GroupValue,
@@ -35,6 +34,7 @@ from raftlog.group.records import (
     encode_key,
     encode_offset_value,
 )
+from raftlog.protocol.errors import ErrorCode
 
 EMPTY = "Empty"
 PREPARING_REBALANCE = "PreparingRebalance"

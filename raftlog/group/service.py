@@ -23,25 +23,9 @@ from typing import Any, Final
 
 import trio
 
+from raftlog.broker.apis import KafkaApis
 from raftlog.clock import SteadyWallClock
 from raftlog.config import ServerConfig
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.coordinator_apis import CoordinatorLocation
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import CREATE_TOPICS
-from raftlog.fetch.schemas_group import (
-    DELETE_GROUPS,
-    DESCRIBE_GROUPS,
-    HEARTBEAT,
-    JOIN_GROUP,
-    LEAVE_GROUP,
-    LIST_GROUPS,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    SYNC_GROUP,
-)
-from raftlog.fetch.schemas_txn import TXN_OFFSET_COMMIT
-from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
 from raftlog.group.coordinator import GroupCoordinator, PendingPersist, check_offset_entries
 from raftlog.group.records import (
     GroupKey,
@@ -53,11 +37,27 @@ from raftlog.group.records import (
 )
 from raftlog.group.txn_offsets import TxnOffsets
 from raftlog.metadata.image import NO_LEADER
-from raftlog.metadata.internal_topics import OFFSETS_TOPIC, UndecodableRecords
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import BatchHeader, Record, build_batch, check_batch, decode_records
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.manager import PartitionManager
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import OFFSETS_TOPIC, UndecodableRecords
+from raftlog.protocol.schemas import CREATE_TOPICS
+from raftlog.protocol.schemas_group import (
+    DELETE_GROUPS,
+    DESCRIBE_GROUPS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+)
+from raftlog.protocol.schemas_txn import TXN_OFFSET_COMMIT
+from raftlog.quorum.local import Quorum
+from raftlog.server.find_coordinator import CoordinatorLocation
+from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 
 log = logging.getLogger(__name__)
 

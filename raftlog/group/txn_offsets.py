@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.server import Body, HandlerResult, RequestContext
 from raftlog.group.coordinator import DEAD, Group, check_offset_entries
 from raftlog.group.records import (
     OffsetKey,
@@ -45,10 +43,12 @@ from raftlog.group.records import (
     decode_key,
     decode_offset_value,
 )
-from raftlog.metadata.internal_topics import OFFSETS_TOPIC, UndecodableRecords
 from raftlog.partition.batch import BatchHeader, build_batch, decode_records, parse_header
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.manager import Replicated
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import OFFSETS_TOPIC, UndecodableRecords
+from raftlog.server.listener import Body, HandlerResult, RequestContext
 from raftlog.txn.coordinator_service import VERIFY_TIMEOUT_S, PendingVerification, Verdict
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
-"""Cluster metadata: records, the pure state machine, and the quorum that orders commands.
+"""Cluster metadata: records and the pure state machine that applies them.
 
 ``records`` (what can change) -> ``state`` (pure, deterministic apply, producing immutable
-``image`` snapshots) -> ``quorum`` (the trio edge: log file, fsync, publishing images).
+``image`` snapshots). The quorum that orders commands is ``raftlog.quorum``.
 """
 
 from raftlog.metadata.image import BrokerImage as BrokerImage
@@ -13,9 +13,6 @@ from raftlog.metadata.image import image_from_bytes as image_from_bytes
 from raftlog.metadata.image import image_to_bytes as image_to_bytes
 from raftlog.metadata.placement import PlacementError as PlacementError
 from raftlog.metadata.placement import assign_replicas as assign_replicas
-from raftlog.metadata.quorum import LocalNode as LocalNode
-from raftlog.metadata.quorum import LocalQuorum as LocalQuorum
-from raftlog.metadata.quorum import Quorum as Quorum
 from raftlog.metadata.records import Command as Command
 from raftlog.metadata.records import Record as Record
 from raftlog.metadata.state import ApplyResult as ApplyResult
@@ -26,13 +23,10 @@ __all__ = [
     "BrokerImage",
     "Command",
     "ConfigResourceImage",
-    "LocalNode",
-    "LocalQuorum",
     "MetadataImage",
     "MetadataStateMachine",
     "PartitionImage",
     "PlacementError",
-    "Quorum",
     "Record",
     "TopicImage",
     "assign_replicas",

@@ -50,14 +50,6 @@ from pathlib import Path
 
 import crc32c
 
-from raftlog.compression import (
-    CODEC_GZIP,
-    CODEC_LZ4,
-    CODEC_SNAPPY,
-    CODEC_ZSTD,
-    DecompressedSizeError,
-    decompress_records,
-)
 from raftlog.partition.batch import (
     _HEADER,
     BATCH_LENGTH_MIN,
@@ -66,6 +58,14 @@ from raftlog.partition.batch import (
     _header_fields,
     check_batch,
     parse_header,
+)
+from raftlog.partition.compression import (
+    CODEC_GZIP,
+    CODEC_LZ4,
+    CODEC_SNAPPY,
+    CODEC_ZSTD,
+    DecompressedSizeError,
+    decompress_records,
 )
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.files import write_atomically

@@ -38,10 +38,7 @@ from raftlog.partition.log import (
     PartitionLog,
     describe_os_error,
 )
-from raftlog.partition.replica_state import LeaderState
-from raftlog.partition.txn_index import TxnIndex, open_txn_index, rebuild_txn_index
-from raftlog.txn.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT, ProducerStateManager
-from raftlog.txn.snapshot import (
+from raftlog.partition.producer_snapshot import (
     load_producer_state,
     log_headers,
     prune_snapshots,
@@ -49,6 +46,9 @@ from raftlog.txn.snapshot import (
     truncate_producer_state,
     write_snapshot_bytes,
 )
+from raftlog.partition.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT, ProducerStateManager
+from raftlog.partition.replica_state import LeaderState
+from raftlog.partition.txn_index import TxnIndex, open_txn_index, rebuild_txn_index
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog.compression import DecompressedSizeError, decompress_records
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
@@ -35,6 +34,7 @@ from raftlog.partition.batch import (
     parse_header,
     record_timestamps,
 )
+from raftlog.partition.compression import DecompressedSizeError, decompress_records
 from raftlog.partition.errors import CorruptRecordError, PartitionLogError
 from raftlog.partition.files import write_all, write_atomically
 from raftlog.partition.index import INT32_MAX, OffsetIndex, TimeIndex

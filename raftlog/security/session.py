@@ -1,7 +1,7 @@
 """Who is on the other end of a connection, and what it may do: a pure core.
 
 Every Kafka connection has one ``Session``. It starts as ``User:ANONYMOUS``; a SaslHandshake
-and SaslAuthenticate exchange (``raftlog.fetch.sasl_apis``) may turn it into an authenticated
+and SaslAuthenticate exchange (``raftlog.server.sasl``) may turn it into an authenticated
 principal. Authorization asks one question, as Kafka's ``Authorizer`` does: may this
 principal perform this operation on this resource? Today the only guarded operation is
 ``ClusterAction`` on the cluster (every RPC a node sends a node) and only cluster members

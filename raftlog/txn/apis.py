@@ -1,117 +1,423 @@
-"""The InitProducerId (22) handler.
+"""Handlers of the transaction APIs: InitProducerId with a transactional id (delegated from
+``raftlog.txn.init_producer_id``), AddPartitionsToTxn (24, v0-3; v4 with verify_only between
+brokers, not advertised), AddOffsetsToTxn (25, v0-3), EndTxn (26, v0-3), the internal
+WriteTxnMarkers (27, v0-1), FindCoordinator key_type 1, and the operator APIs DescribeProducers
+(61, v0), DescribeTransactions (65, v0) and ListTransactions (66, v0-1).
+TxnOffsetCommit (28) is a group API (``raftlog.group.txn_offsets``).
 
-Handler contract as in ``raftlog.fetch.server``: a handler gets a ``RequestContext`` and
-returns a body, or an async zero-arg function that returns it. Expected failures are error
-codes in the body, never exceptions.
+AddOffsetsToTxn adds the group's ``__consumer_offsets`` partition (``abs(javaHash(group)) %
+partitions``, as the group coordinator routes it) to the transaction, and the group to
+``TxnMetadata.groups``: the COMMIT/ABORT marker then goes to that partition too, where the
+group coordinator learns the outcome (``PendingOffsets``).
 
-InitProducerId without a transactional id (idempotent producers), versions 0-4:
-
-* ``producer_id``/``producer_epoch`` both -1 (always below v3): a new id from this broker's
-  block, epoch 0 (Kafka ``TransactionCoordinator.handleInitProducerId``).
-* v3+ with an existing ``(producer_id, producer_epoch)`` (KIP-360 epoch bump): the same id with
-  ``epoch + 1``; once the epoch is exhausted (``>= Short.MAX_VALUE - 1``, Kafka's
-  ``isEpochExhausted``) a new id with epoch 0. Kafka itself ignores these fields when there is
-  no transactional id and always returns a new id; librdkafka, kafka-python and aiokafka
-  accept either answer. The bump is not checked against anything: an idempotent producer id
-  belongs to one client, and a partition fences the old epoch on the first new-epoch batch.
-* exactly one of the two is -1, or either is below -1 → INVALID_REQUEST (42), as Kafka's
-  ``KafkaApis.handleInitProducerIdRequest``.
-* no id available within ``init_timeout_s`` → COORDINATOR_LOAD_IN_PROGRESS (14), as Kafka's
-  ``RPCProducerIdManager``; all three clients retry it.
-
-With a transactional id the request goes to the transaction coordinator
-(``raftlog.txn.txn_apis``) when one is installed; without one the answer is
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53): it is the one code that all three clients treat as
-fatal for InitProducerId, so the application gets an immediate, named error. The "natural"
-COORDINATOR_NOT_AVAILABLE (15) and NOT_COORDINATOR (16) are retriable everywhere
-(librdkafka ``rd_kafka_idemp_request_pid_failed`` re-arms its timer, kafka-python
-``InitProducerIdHandler`` re-looks-up the coordinator and re-enqueues, aiokafka
-``InitPIDHandler`` marks the coordinator dead and backs off), so producers would spin forever.
-An empty transactional id → INVALID_REQUEST (42), as Kafka.
-
-AllocateProducerIds (67), which fills this broker's ``ProducerIdManager``, is the controller's:
-``raftlog.fetch.controller_apis`` serves it, and a broker sends it with
-``BrokerLifecycle.allocate_block``.
+Every handler answers with the coordinator's decision (``raftlog.txn.coordinator``); the
+PRODUCER_FENCED of the core becomes INVALID_PRODUCER_EPOCH for request versions older than
+KIP-588 (AddPartitionsToTxn/EndTxn/AddOffsetsToTxn < 2, InitProducerId < 4), as Kafka's
+``KafkaApis`` does.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import INIT_PRODUCER_ID
-from raftlog.fetch.server import Body, Handler, HandlerResult, RequestContext
-from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
-from raftlog.txn.producer_state import NO_PRODUCER_EPOCH, NO_PRODUCER_ID
+from raftlog.client.connection import ClusterLogin
+from raftlog.metadata.image import MetadataImage
+from raftlog.partition.manager import now_ms
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import CREATE_TOPICS, FIND_COORDINATOR
+from raftlog.protocol.schemas_txn import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    DESCRIBE_PRODUCERS,
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
+    LIST_TRANSACTIONS,
+    WRITE_TXN_MARKERS,
+)
+from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
+from raftlog.server.sasl import ClusterActionGate
+from raftlog.txn import coordinator as core
+from raftlog.txn.coordinator import TxnState
+from raftlog.txn.coordinator_service import (
+    OFFSETS_TOPIC,
+    TXN_TOPIC,
+    PendingOffsets,
+    TxnCoordinatorService,
+    TxnSettings,
+)
 
-__all__ = [
-    "EPOCH_EXHAUSTED",
-    "TRANSACTIONAL_ID_ERROR",
-    "ProducerApis",
-]
+if TYPE_CHECKING:
+    from raftlog.broker.apis import KafkaApis
+    from raftlog.broker.lifecycle import ControllerChannel
+    from raftlog.partition.manager import PartitionManager
+    from raftlog.quorum.local import Quorum
+    from raftlog.txn.init_producer_id import ProducerApis
+    from raftlog.txn.producer_ids import ProducerIdManager
+
+__all__ = ["TXN_KEY_TYPE", "TxnApis", "fenced_code", "install"]
 
 log = logging.getLogger(__name__)
 
-# TransactionMetadata.isEpochExhausted: Short.MaxValue - 1 (the last epoch is kept for fencing).
-EPOCH_EXHAUSTED: Final = 2**15 - 2
-TRANSACTIONAL_ID_ERROR: Final = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+TXN_KEY_TYPE = 1
+OFFSETS_TOPIC_PARTITIONS = 10  # raftlog.group.service.OFFSETS_TOPIC_PARTITIONS
 
 
-class ProducerApis:
-    """InitProducerId, bound to this broker's ``ProducerIdManager``."""
+def fenced_code(code: int, version: int, first_fenced_version: int) -> int:
+    if code == ErrorCode.PRODUCER_FENCED and version < first_fenced_version:
+        return int(ErrorCode.INVALID_PRODUCER_EPOCH)
+    return int(code)
 
-    def __init__(self, manager: ProducerIdManager, *, init_timeout_s: float = 5.0) -> None:
-        self.manager = manager
-        self.init_timeout_s = init_timeout_s
-        # InitProducerId with a transactional id: the transaction coordinator's handler
-        # (``TxnApis.init_producer_id``), set by ``raftlog.txn.install``.
-        self.transactional_init: Callable[[RequestContext], HandlerResult] | None = None
+
+class TxnApis:
+    """Transaction handlers bound to this node's coordinator service."""
+
+    def __init__(self, service: TxnCoordinatorService, gate: ClusterActionGate,
+                 find_coordinator_fallback: Handler | None = None) -> None:
+        self.service = service
+        self.gate = gate  # AddPartitionsToTxn v4+ is for brokers only (KIP-890)
+        self.find_coordinator_fallback = find_coordinator_fallback
 
     def handlers(self) -> dict[int, Handler]:
-        """InitProducerId only: AllocateProducerIds is the controller's (``ControllerApis``)."""
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
-            INIT_PRODUCER_ID.key: self.init_producer_id,
+            ADD_PARTITIONS_TO_TXN.key: self.add_partitions_to_txn,
+            ADD_OFFSETS_TO_TXN.key: self.add_offsets_to_txn,
+            END_TXN.key: self.end_txn,
+            WRITE_TXN_MARKERS.key: self.write_txn_markers,
+            DESCRIBE_PRODUCERS.key: self.describe_producers,
+            DESCRIBE_TRANSACTIONS.key: self.describe_transactions,
+            LIST_TRANSACTIONS.key: self.list_transactions,
+            FIND_COORDINATOR.key: self.find_coordinator,
         }
         return dict(table)
 
-    # -- InitProducerId ------------------------------------------------------------------------
+    # -- InitProducerId (transactional) ----------------------------------------------------------
 
     def init_producer_id(self, ctx: RequestContext) -> HandlerResult:
         request = ctx.body
-        transactional_id = request.transactional_id
-        if transactional_id is not None:
-            if transactional_id == "":
-                return _init_body(ErrorCode.INVALID_REQUEST)
-            if self.transactional_init is not None:
-                return self.transactional_init(ctx)
-            log.info("InitProducerId from %s for transactional id %r: transactions are not "
-                     "supported yet", ctx.peer, transactional_id)
-            return _init_body(TRANSACTIONAL_ID_ERROR)
-        # Below v3 the codec fills in the defaults (-1, -1).
-        producer_id = request.producer_id
-        epoch = request.producer_epoch
-        if (producer_id == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH) or min(
-            producer_id, epoch
-        ) < -1:
-            return _init_body(ErrorCode.INVALID_REQUEST)
-        if producer_id >= 0 and epoch < EPOCH_EXHAUSTED:
-            return _init_body(ErrorCode.NONE, producer_id, epoch + 1)
+        version = ctx.header.api_version
 
-        async def allocate() -> Body:
-            try:
-                new_id = await self.manager.next_producer_id(self.init_timeout_s)
-            except ProducerIdsUnavailableError as exc:
-                log.warning("InitProducerId from %s: %s", ctx.peer, exc)
-                return _init_body(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-            return _init_body(ErrorCode.NONE, new_id, 0)
+        async def init() -> Body:
+            error, producer_id, epoch = await self.service.init_producer_id(
+                request.transactional_id, request.transaction_timeout_ms,
+                request.producer_id, request.producer_epoch)
+            return {"throttle_time_ms": 0, "error_code": fenced_code(error, version, 4),
+                    "producer_id": producer_id, "producer_epoch": epoch}
 
-        return allocate
+        return init
+
+    # -- FindCoordinator -------------------------------------------------------------------------
+
+    def find_coordinator(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        if request.key_type != TXN_KEY_TYPE:
+            if self.find_coordinator_fallback is not None:
+                return self.find_coordinator_fallback(ctx)
+            return _coordinator_body(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if not request.key:
+            return _coordinator_body(ErrorCode.INVALID_REQUEST)
+
+        async def lookup() -> Body:
+            error, node_id, host, port = await self.service.find_coordinator(request.key)
+            return _coordinator_body(error, node_id, host, port)
+
+        return lookup
+
+    # -- AddPartitionsToTxn ----------------------------------------------------------------------
+
+    def add_partitions_to_txn(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        if version >= 4:
+            if not self.gate.allows(ctx):  # Kafka: v4+ needs ClusterAction on the cluster
+                return {"throttle_time_ms": 0, "results_by_transaction": [],
+                        "error_code": int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)}
+            return self._add_partitions_batched(request)
+        wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
+        image = self.service.quorum.image
+        unknown = {(t, p) for t, p in wanted if t not in image.topics or t == TXN_TOPIC
+                   or not 0 <= p < len(image.topics[t].partitions)}
+
+        def body(codes: dict[tuple[str, int], int]) -> Body:
+            topics: dict[str, list[Body]] = {}
+            for topic, index in wanted:
+                topics.setdefault(topic, []).append(
+                    {"partition_index": index, "partition_error_code": codes[(topic, index)]})
+            return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": [
+                {"name": name, "results_by_partition": parts} for name, parts in topics.items()]}
+
+        if unknown:
+            # Kafka: the unknown ones get their error, the rest OPERATION_NOT_ATTEMPTED.
+            return body({tp: int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) if tp in unknown
+                         else int(ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in wanted})
+
+        async def add() -> Body:
+            code = await self.service.add_partitions(
+                request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
+                request.v3_and_below_producer_epoch, wanted)
+            code = fenced_code(code, version, 2)
+            return body({tp: code for tp in wanted})
+
+        return add
+
+    def _add_partitions_batched(self, request: Any) -> HandlerResult:
+        """v4+, from partition leaders (KIP-890 part 1): several transactions per request;
+        with verify_only nothing is added, each partition is answered NONE when it is in the
+        producer's Ongoing transaction (``TxnCoordinatorService.verify_partitions``)."""
+
+        def result(txn_id: str, codes: Mapping[tuple[str, int], int]) -> Body:
+            topics: dict[str, list[Body]] = {}
+            for (topic, index), code in codes.items():
+                topics.setdefault(topic, []).append(
+                    {"partition_index": index, "partition_error_code": int(code)})
+            return {"transactional_id": txn_id, "topic_results": [
+                {"name": name, "results_by_partition": parts} for name, parts in topics.items()]}
+
+        async def handle() -> Body:
+            results = []
+            for txn in request.transactions:
+                wanted = [(t.name, p) for t in txn.topics for p in t.partitions]
+                if txn.verify_only:
+                    codes = self.service.verify_partitions(
+                        txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted)
+                else:
+                    code = await self.service.add_partitions(
+                        txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted)
+                    codes = dict.fromkeys(wanted, code)
+                results.append(result(txn.transactional_id, codes))
+            return {"throttle_time_ms": 0, "error_code": 0, "results_by_transaction": results}
+
+        return handle
+
+    # -- AddOffsetsToTxn --------------------------------------------------------------------------
+
+    def add_offsets_to_txn(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        if not request.group_id:
+            return {"throttle_time_ms": 0, "error_code": int(ErrorCode.INVALID_GROUP_ID)}
+        known = self.service.quorum.image.topics.get(OFFSETS_TOPIC)
+        count = len(known.partitions) if known is not None else OFFSETS_TOPIC_PARTITIONS
+        index = core.partition_for(request.group_id, count)
+
+        async def add() -> Body:
+            code = await self.service.add_partitions(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                [(OFFSETS_TOPIC, index)], groups=(request.group_id,))
+            return {"throttle_time_ms": 0, "error_code": fenced_code(code, version, 2)}
+
+        return add
+
+    # -- operator APIs -----------------------------------------------------------------------
+
+    def describe_producers(self, ctx: RequestContext) -> HandlerResult:
+        """DescribeProducers: the active producers of partitions this node leads."""
+        manager = self.service.manager
+        image = self.service.quorum.image
+        topics = []
+        for topic in ctx.body.topics:
+            parts = []
+            for index in topic.partition_indexes:
+                entry: Body = {"partition_index": index, "error_code": 0,
+                               "error_message": None, "active_producers": []}
+                partition = manager.get(topic.name, index)
+                known = image.topics.get(topic.name)
+                if partition is None:
+                    entry["error_code"] = int(
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        if known is None or not 0 <= index < len(known.partitions)
+                        else ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                elif not partition.is_leader:
+                    entry["error_code"] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                else:
+                    entry["active_producers"] = [{
+                        "producer_id": p.producer_id, "producer_epoch": p.epoch,
+                        "last_sequence": p.last_seq,
+                        "last_timestamp": p.batches[-1].timestamp_ms if p.batches else -1,
+                        "coordinator_epoch": p.coordinator_epoch,
+                        "current_txn_start_offset": p.current_txn_first_offset,
+                    } for p in sorted(partition.producers.entries(),
+                                      key=lambda e: e.producer_id)]
+                parts.append(entry)
+            topics.append({"name": topic.name, "partitions": parts})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    def describe_transactions(self, ctx: RequestContext) -> HandlerResult:
+        states = []
+        for txn_id in ctx.body.transactional_ids:
+            error, metadata = self.service.describe_error(txn_id)
+            if metadata is None:
+                states.append({"error_code": int(error), "transactional_id": txn_id,
+                               "transaction_state": "", "transaction_timeout_ms": 0,
+                               "transaction_start_time_ms": -1, "producer_id": -1,
+                               "producer_epoch": -1, "topics": []})
+                continue
+            topics: dict[str, list[int]] = {}
+            for topic, index in sorted(metadata.partitions):
+                topics.setdefault(topic, []).append(index)
+            states.append({
+                "error_code": 0, "transactional_id": txn_id,
+                "transaction_state": metadata.state.value,
+                "transaction_timeout_ms": metadata.timeout_ms,
+                "transaction_start_time_ms": metadata.txn_start_ms,
+                "producer_id": metadata.producer_id,
+                "producer_epoch": metadata.producer_epoch,
+                "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]})
+        return {"throttle_time_ms": 0, "transaction_states": states}
+
+    def list_transactions(self, ctx: RequestContext) -> HandlerResult:
+        """ListTransactions: the transactions of the coordinator partitions this node leads."""
+        request = ctx.body
+        version = ctx.header.api_version
+        known_states = {s.value for s in TxnState}
+        state_filters = set(request.state_filters)
+        unknown = sorted(state_filters - known_states)
+        producer_filters = set(request.producer_id_filters)
+        duration = request.duration_filter if version >= 1 else -1
+        now = now_ms()
+        listed = []
+        for metadata in sorted(self.service.all_transactions(),
+                               key=lambda m: m.transactional_id):
+            if state_filters and metadata.state.value not in state_filters:
+                continue
+            if producer_filters and metadata.producer_id not in producer_filters:
+                continue
+            if duration >= 0 and (metadata.state != TxnState.ONGOING or
+                                  now - metadata.txn_start_ms < duration):
+                continue
+            listed.append({"transactional_id": metadata.transactional_id,
+                           "producer_id": metadata.producer_id,
+                           "transaction_state": metadata.state.value})
+        error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if self.service.loading() \
+            else ErrorCode.NONE
+        return {"throttle_time_ms": 0, "error_code": int(error),
+                "unknown_state_filters": unknown, "transaction_states": listed}
+
+    # -- EndTxn ----------------------------------------------------------------------------------
+
+    def end_txn(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+
+        async def end() -> Body:
+            code = await self.service.end_txn(request.transactional_id, request.producer_id,
+                                              request.producer_epoch, request.committed)
+            return {"throttle_time_ms": 0, "error_code": fenced_code(code, version, 2)}
+
+        return end
+
+    # -- WriteTxnMarkers (internal) --------------------------------------------------------------
+
+    def write_txn_markers(self, ctx: RequestContext) -> HandlerResult:
+        """Behind the ClusterAction gate (``raftlog.server.sasl``): only cluster members
+        get here. A broker's marker must also come from a current transaction coordinator:
+        ``coordinator_epoch`` must be the leader epoch of a ``__transaction_state`` partition
+        that the sender leads in this node's image (an operator's abort, authenticated as
+        the admin, is checked by the producer state alone, as Kafka's tool is)."""
+        request = ctx.body
+        sender = ctx.session.broker_id
+        coordinator_epochs = None if sender is None else \
+            _coordinator_epochs_led_by(self.service.quorum.image, sender)
+
+        async def write() -> Body:
+            markers = []
+            for marker in request.markers:
+                refused = _marker_sender_error(sender, coordinator_epochs,
+                                               marker.coordinator_epoch)
+                topics = []
+                for topic in marker.topics:
+                    parts = []
+                    for index in topic.partition_indexes:
+                        if refused:
+                            parts.append({"partition_index": index, "error_code": refused})
+                            continue
+                        code = await self.service.append_marker(
+                            topic.name, index, marker.producer_id, marker.producer_epoch,
+                            marker.transaction_result, marker.coordinator_epoch)
+                        parts.append({"partition_index": index, "error_code": int(code)})
+                    topics.append({"name": topic.name, "partitions": parts})
+                markers.append({"producer_id": marker.producer_id, "topics": topics})
+            return {"markers": markers}
+
+        return write
 
 
-def _init_body(error: int, producer_id: int = NO_PRODUCER_ID,
-               producer_epoch: int = NO_PRODUCER_EPOCH) -> Body:
-    return {"throttle_time_ms": 0, "error_code": int(error), "producer_id": producer_id,
-            "producer_epoch": producer_epoch}
+def _coordinator_epochs_led_by(image: MetadataImage, node_id: int) -> frozenset[int]:
+    """The leader epochs of the ``__transaction_state`` partitions ``node_id`` leads: a
+    transaction coordinator's epoch is its partition's leader epoch."""
+    topic = image.topics.get(TXN_TOPIC)
+    if topic is None:
+        return frozenset()
+    return frozenset(p.leader_epoch for p in topic.partitions if p.leader == node_id)
 
+
+def _marker_sender_error(sender: int | None, coordinator_epochs: frozenset[int] | None,
+                         coordinator_epoch: int) -> int:
+    """0 when a marker's sender may write it, else the error for every partition of it.
+
+    A broker that does not lead a transaction partition at ``coordinator_epoch`` in this
+    node's image gets NOT_COORDINATOR, which the coordinator retries: either this image lags
+    (a new coordinator; the retry succeeds once it catches up) or the sender was replaced,
+    and then its own loop sees it and stops. Never TRANSACTION_COORDINATOR_FENCED here: that
+    ends a completion, and a lagging image must not end a live coordinator's."""
+    if sender is None or coordinator_epochs is None:
+        return 0  # the operator's abort (admin principal): the producer state decides
+    if coordinator_epoch in coordinator_epochs:
+        return 0
+    log.info("refused markers from node %d at coordinator epoch %d: it leads no transaction"
+             " partition at that epoch here (epochs %s)", sender, coordinator_epoch,
+             sorted(coordinator_epochs))
+    return int(ErrorCode.NOT_COORDINATOR)
+
+
+def _coordinator_body(error: int, node_id: int = -1, host: str = "", port: int = -1) -> Body:
+    return {"throttle_time_ms": 0, "error_code": int(error), "error_message": None,
+            "node_id": node_id, "host": host, "port": port}
+
+
+def install(
+    node_id: int,
+    quorum: Quorum,
+    manager: PartitionManager,
+    apis: KafkaApis,
+    producer_apis: ProducerApis,
+    producer_ids: ProducerIdManager,
+    channel: ControllerChannel,
+    handlers: dict[int, Handler],
+    settings: TxnSettings | None = None,
+    *,
+    set_transaction_lookup: Callable[[Callable[[str], Any]], None] | None = None,
+    pending_offsets: PendingOffsets | None = None,
+    gate: ClusterActionGate | None = None,
+    login: ClusterLogin | None = None,
+) -> TxnCoordinatorService:
+    """Wires transactions into a node: the coordinator service (the caller runs
+    ``service.run`` in its nursery), the transaction handlers added to ``handlers`` (the
+    table ApiVersions advertises), the produce-path verifier and the transactional
+    InitProducerId. FindCoordinator key_type 0 keeps going to the handler already there."""
+
+    async def create_topic(body: Mapping[str, Any]) -> Any:
+        return await channel.call(
+            CREATE_TOPICS, body, version=4, timeout_s=10.0,
+            is_not_controller=lambda r: any(
+                t.error_code == ErrorCode.NOT_CONTROLLER for t in r.topics))
+
+    async def next_producer_id() -> int:
+        return await producer_ids.next_producer_id(5.0)
+
+    service = TxnCoordinatorService(node_id, quorum, manager, next_producer_id,
+                                    create_topic=create_topic, settings=settings,
+                                    pending_offsets=pending_offsets, login=login)
+    txn_apis = TxnApis(service, gate or ClusterActionGate(),
+                       find_coordinator_fallback=handlers.get(FIND_COORDINATOR.key))
+    apis.txn_verifier = service.verify_by_producer_id
+    apis.txn_produce_verifier = service.verify_transactional_produce
+    producer_apis.transactional_init = txn_apis.init_producer_id
+    table = txn_apis.handlers()
+    if set_transaction_lookup is not None:
+        # The group engineer's FindCoordinator serves both key types; it asks us for key 1.
+        del table[FIND_COORDINATOR.key]
+        set_transaction_lookup(service.locate)
+    handlers.update(table)
+    return service

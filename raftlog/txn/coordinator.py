@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from raftlog.fetch.errors import ErrorCode
+from raftlog.protocol.errors import ErrorCode
 
 __all__ = [
     "DEFAULT_TXN_TIMEOUT_MS",

@@ -40,22 +40,23 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection
-from raftlog.fetch.coordinator_apis import CoordinatorLocation
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
-from raftlog.fetch.server import Body
+from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.metadata.image import NO_LEADER, MetadataImage
-from raftlog.metadata.internal_topics import (
+from raftlog.partition.batch import BatchHeader, build_batch, check_batch, decode_records
+from raftlog.partition.errors import PartitionLogError
+from raftlog.partition.manager import Partition, PartitionManager, Replicated, now_ms
+from raftlog.partition.producer_state import NO_OFFSET, header_at
+from raftlog.partition.txn_index import build_marker
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import (
     OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
     UndecodableRecords,
 )
-from raftlog.metadata.quorum import Quorum
-from raftlog.partition.batch import BatchHeader, build_batch, check_batch, decode_records
-from raftlog.partition.errors import PartitionLogError
-from raftlog.partition.manager import Partition, PartitionManager, Replicated, now_ms
-from raftlog.partition.txn_index import build_marker
+from raftlog.protocol.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
+from raftlog.quorum.local import Quorum
+from raftlog.server.find_coordinator import CoordinatorLocation
+from raftlog.server.listener import Body
 from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator import (
     CoordinatorPartitionState,
@@ -63,7 +64,6 @@ from raftlog.txn.coordinator import (
     TxnMetadata,
     TxnState,
 )
-from raftlog.txn.producer_state import NO_OFFSET, header_at
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -79,7 +79,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TXN_TOPIC: Final = TRANSACTION_STATE_TOPIC
-TRANSACTIONAL_ID_NOT_FOUND: Final = 105  # not in raftlog.fetch.errors.ErrorCode
+TRANSACTIONAL_ID_NOT_FOUND: Final = 105  # not in raftlog.protocol.errors.ErrorCode
 PERSIST_TIMEOUT_S: Final = 10.0
 MARKER_RETRY_S: Final = 0.2
 WATCH_INTERVAL_S: Final = 0.1
@@ -285,7 +285,7 @@ class TxnCoordinatorService:
         return ErrorCode.NONE, leader, broker.host, broker.port
 
     def locate(self, transactional_id: str) -> CoordinatorLocation:
-        """The synchronous lookup of ``raftlog.fetch.coordinator_apis``: creating the topic
+        """The synchronous lookup of ``raftlog.server.find_coordinator``: creating the topic
         starts in the background and COORDINATOR_NOT_AVAILABLE is answered meanwhile."""
         image = self.quorum.image
         count = self._txn_partition_count(image)

@@ -1,6 +1,6 @@
 """A real 3-node cluster for integration tests: one ``raftlog server`` process per node.
 
-The node configs come from ``raftlog.cluster.prepare`` (exactly what ``raftlog cluster up``
+The node configs come from ``raftlog.tools.cluster.prepare`` (exactly what ``raftlog cluster up``
 generates: combined nodes, free ports, a shared Raft secret, 1.5 s broker sessions), but the
 processes are started here, one by one, so a test can SIGKILL, SIGSTOP or restart any of them.
 Every wait has a deadline.
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from raftlog.cluster import ClusterLayout, node_directory, prepare, probe
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
-from raftlog.fetch.controller_apis import describe_quorum_request
-from raftlog.fetch.schemas import DESCRIBE_QUORUM, METADATA
+from raftlog.broker.controller_apis import describe_quorum_request
+from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.protocol.schemas import DESCRIBE_QUORUM, METADATA
+from raftlog.tools.cluster import ClusterLayout, node_directory, prepare, probe
 from tests.integration.helpers import broker_log_problems
 
 START_TIMEOUT_S = 30.0

@@ -16,10 +16,12 @@ from typing import Any, NamedTuple
 
 import trio
 
-from raftlog.compression import decompress_batches
-from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection, parse_bootstrap
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import CREATE_TOPICS, FETCH, LIST_OFFSETS, PRODUCE
+from raftlog.client.connection import (
+    ClusterLogin,
+    KafkaClientError,
+    KafkaConnection,
+    parse_bootstrap,
+)
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
@@ -28,6 +30,9 @@ from raftlog.partition.batch import (
     decode_records,
     parse_header,
 )
+from raftlog.partition.compression import decompress_batches
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import CREATE_TOPICS, FETCH, LIST_OFFSETS, PRODUCE
 from raftlog.security.session import ADMIN_USER, ClusterCredentials
 from tests.integration.conftest import BROKER_SECRET, BrokerProcess
 

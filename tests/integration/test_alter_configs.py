@@ -17,10 +17,10 @@ import pytest
 import trio
 
 from raftlog.cli import main as cli_main
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.codec import Api, Struct
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import ALTER_CONFIGS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS
+from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.codec import Api, Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import ALTER_CONFIGS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS
 from tests.integration.cluster_harness import Cluster, cluster3, wait_until
 from tests.integration.conftest import BrokerProcess
 

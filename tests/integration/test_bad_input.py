@@ -29,11 +29,12 @@ import crc32c
 import pytest
 import trio
 
-from raftlog.fetch import codec
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.codec import Api, Struct
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import (
+from raftlog.client.connection import KafkaConnection
+from raftlog.partition.batch import build_batch, decode_records
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import (
     ALL_APIS,
     API_VERSIONS,
     CREATE_PARTITIONS,
@@ -44,9 +45,8 @@ from raftlog.fetch.schemas import (
     METADATA,
     PRODUCE,
 )
-from raftlog.fetch.schemas_group import GROUP_APIS
-from raftlog.fetch.schemas_txn import TXN_APIS
-from raftlog.partition.batch import build_batch, decode_records
+from raftlog.protocol.schemas_group import GROUP_APIS
+from raftlog.protocol.schemas_txn import TXN_APIS
 from tests.integration.conftest import BrokerProcess
 
 REQUEST_BYTES_MAX = 64 * 1024  # socket.request.max.bytes

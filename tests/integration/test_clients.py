@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from raftlog.tools import partition_for_key
+from raftlog.tools.console import partition_for_key
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (
     ConsumedRecord,

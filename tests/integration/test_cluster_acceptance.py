@@ -34,9 +34,7 @@ from typing import Any, NoReturn
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import INIT_PRODUCER_ID, PRODUCE
+from raftlog.client.connection import KafkaConnection
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     build_batch,
@@ -44,6 +42,8 @@ from raftlog.partition.batch import (
     decode_records,
     parse_header,
 )
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import INIT_PRODUCER_ID, PRODUCE
 from tests.integration.cluster_harness import (
     Cluster,
     ClusterNode,

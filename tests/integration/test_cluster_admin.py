@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.schemas import CREATE_TOPICS, METADATA
+from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.schemas import CREATE_TOPICS, METADATA
 from tests.integration.cluster_harness import (
     Cluster,
     ClusterNode,

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.cluster import SECRET_FILE
-from raftlog.fetch import codec
-from raftlog.fetch.client import ClusterLogin, KafkaClientError, KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import (
+from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
+from raftlog.protocol import codec
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import (
     ALLOCATE_PRODUCER_IDS,
     ALTER_PARTITION,
     BROKER_HEARTBEAT,
@@ -32,8 +31,9 @@ from raftlog.fetch.schemas import (
     METADATA,
     OFFSET_FOR_LEADER_EPOCH,
 )
-from raftlog.fetch.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
+from raftlog.protocol.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
 from raftlog.security.session import ADMIN_USER, ClusterCredentials, broker_user
+from raftlog.tools.cluster import SECRET_FILE
 from tests.integration.cluster_harness import Cluster, cluster3, run, wait_until
 from tests.integration.helpers import unique_topic
 from tests.integration.test_cluster_failover import create_topic

@@ -222,7 +222,7 @@ def test_cluster_up_refuses_a_different_node_count(tmp_path: Path) -> None:
 
 
 def test_cluster_up_fails_fast_when_a_node_cannot_start(tmp_path: Path) -> None:
-    from raftlog.cluster import prepare
+    from raftlog.tools.cluster import prepare
 
     data_dir = tmp_path / "cluster"
     prepare(data_dir, 3, 0)

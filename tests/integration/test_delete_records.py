@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from raftlog.fetch.errors import ErrorCode
+from raftlog.protocol.errors import ErrorCode
 from tests.integration.cluster_harness import Cluster, cluster3, wait_until
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (

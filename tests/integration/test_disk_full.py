@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import PRODUCE
+from raftlog.client.connection import KafkaConnection
 from raftlog.partition.batch import build_batch
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import PRODUCE
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (
     check_batches,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.partition.batch import Record
+from raftlog.protocol.errors import ErrorCode
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (
     EARLIEST,

@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import CREATE_TOPICS, FETCH, METADATA, PRODUCE
+from raftlog.client.connection import KafkaConnection
 from raftlog.partition.batch import build_batch, decode_records
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import CREATE_TOPICS, FETCH, METADATA, PRODUCE
 from tests.fuzz_frames import FUZZ_TOPICS, NODE_PROPERTIES, fuzz
 from tests.integration.conftest import BrokerProcess
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import FIND_COORDINATOR
-from raftlog.fetch.schemas_group import OFFSET_COMMIT, OFFSET_FETCH
+from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import FIND_COORDINATOR
+from raftlog.protocol.schemas_group import OFFSET_COMMIT, OFFSET_FETCH
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import create_topic, end_offsets, unique_topic
 
@@ -276,7 +276,7 @@ SETTLE_S = 1.5
 def _broker_assignments(bootstrap: str, group: str) -> tuple[str, list[list[int]]]:
     """The group's state and its members' assignments as the coordinator stores them (the
     consumer protocol's assignment bytes, decoded here)."""
-    from raftlog.group.cli import GroupAdmin, decode_assignment
+    from raftlog.tools.consumer_groups import GroupAdmin, decode_assignment
 
     async def run() -> tuple[str, list[list[int]]]:
         admin = await GroupAdmin.connect(bootstrap)
@@ -465,7 +465,7 @@ def test_bad_commits_get_kafka_errors_and_change_nothing(broker: BrokerProcess) 
 def test_compacted_topic_refuses_records_without_key(broker: BrokerProcess) -> None:
     import pytest
 
-    from raftlog.fetch.client import KafkaClientError
+    from raftlog.client.connection import KafkaClientError
     from raftlog.partition.batch import build_batch
     from tests.integration.helpers import produce_raw
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.schemas import FIND_COORDINATOR
+from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.schemas import FIND_COORDINATOR
 from tests.integration.cluster_harness import Cluster, cluster3
 from tests.integration.helpers import unique_topic
 

@@ -24,18 +24,18 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import FIND_COORDINATOR
-from raftlog.fetch.schemas_group import (
+from raftlog.client.connection import KafkaConnection
+from raftlog.group.records import GroupKey, OffsetKey, decode_key
+from raftlog.group.service import OFFSETS_TOPIC, partition_for
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import FIND_COORDINATOR
+from raftlog.protocol.schemas_group import (
     HEARTBEAT,
     JOIN_GROUP,
     OFFSET_COMMIT,
     OFFSET_FETCH,
     SYNC_GROUP,
 )
-from raftlog.group.records import GroupKey, OffsetKey, decode_key
-from raftlog.group.service import OFFSETS_TOPIC, partition_for
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import create_topic, fetch_records, start_broker, unique_topic
 
@@ -151,7 +151,7 @@ def _partitions(consumer: Any) -> list[int]:
 
 
 def _describe(bootstrap: str, group: str) -> Any:
-    from raftlog.group.cli import GroupAdmin
+    from raftlog.tools.consumer_groups import GroupAdmin
 
     async def run() -> Any:
         admin = await GroupAdmin.connect(bootstrap)

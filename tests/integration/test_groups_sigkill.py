@@ -37,7 +37,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "at_least_once.py"
 
 def _group_ready(bootstrap: str, group: str) -> bool:
     """Stable, MEMBERS members, PARTITIONS / MEMBERS partitions each (coordinator's view)."""
-    from raftlog.group.cli import GroupAdmin, decode_assignment
+    from raftlog.tools.consumer_groups import GroupAdmin, decode_assignment
 
     async def run() -> bool:
         admin = await GroupAdmin.connect(bootstrap)

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.schemas import FIND_COORDINATOR
+from raftlog.client.connection import KafkaConnection
 from raftlog.group.service import OFFSETS_TOPIC, partition_for
+from raftlog.protocol.schemas import FIND_COORDINATOR
 from tests.integration import test_cluster_failover
 from tests.integration.cluster_harness import Cluster, wait_until
 from tests.integration.conftest import BrokerProcess
@@ -104,7 +104,7 @@ class _StaticConsumer:
 
 
 def _member_ids(bootstrap: str, group: str) -> dict[str | None, str]:
-    from raftlog.group.cli import GroupAdmin
+    from raftlog.tools.consumer_groups import GroupAdmin
 
     async def run() -> dict[str | None, str]:
         with trio.fail_after(TIMEOUT_S):

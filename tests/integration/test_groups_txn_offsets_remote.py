@@ -21,17 +21,17 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS
-from raftlog.fetch.schemas_group import OFFSET_FETCH
-from raftlog.fetch.schemas_txn import (
+from raftlog.client.connection import KafkaConnection
+from raftlog.group.service import OFFSETS_TOPIC, partition_for
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS
+from raftlog.protocol.schemas_group import OFFSET_FETCH
+from raftlog.protocol.schemas_txn import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
     END_TXN,
     TXN_OFFSET_COMMIT,
 )
-from raftlog.group.service import OFFSETS_TOPIC, partition_for
 from tests.integration.cluster_harness import Cluster, cluster3
 from tests.integration.helpers import unique_topic
 from tests.integration.test_cluster_failover import create_topic

@@ -27,10 +27,12 @@ import crc32c
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaClientError, KafkaConnection
-from raftlog.fetch.codec import Api, Struct
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import (
+from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.partition.batch import build_batch
+from raftlog.partition.log import LogConfig, PartitionLog
+from raftlog.protocol.codec import Api, Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import (
     CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_RECORDS,
@@ -38,8 +40,6 @@ from raftlog.fetch.schemas import (
     INCREMENTAL_ALTER_CONFIGS,
     METADATA,
 )
-from raftlog.partition.batch import build_batch
-from raftlog.partition.log import LogConfig, PartitionLog
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (
     create_topic,

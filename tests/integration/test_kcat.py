@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from raftlog.partition.batch import check_batch
-from raftlog.tools import partition_for_key
+from raftlog.tools.console import partition_for_key
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (
     CODECS,

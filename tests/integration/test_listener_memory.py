@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from raftlog.fetch import codec
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.request_memory import FRAME_BUFFER_BYTES, SPARE_BUFFERS_MAX
-from raftlog.fetch.schemas import API_VERSIONS, CREATE_TOPICS, FETCH, PRODUCE
+from raftlog.client.connection import KafkaConnection
 from raftlog.partition.batch import build_batch, decode_records
+from raftlog.protocol import codec
+from raftlog.protocol.schemas import API_VERSIONS, CREATE_TOPICS, FETCH, PRODUCE
+from raftlog.server.request_memory import FRAME_BUFFER_BYTES, SPARE_BUFFERS_MAX
 from tests.integration.conftest import BrokerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -33,8 +33,10 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.batteries import ReplCounter
 from pysyncobj.journal import ResizableFile
 
-from raftlog.metadata.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.metadata.raft_syncobj import (
+from raftlog.metadata.records import RegisterBroker
+from raftlog.metadata.state import MetadataStateMachine
+from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
+from raftlog.quorum.raft_syncobj import (
     LEADER,
     RaftSettings,
     RaftSyncObj,
@@ -42,15 +44,13 @@ from raftlog.metadata.raft_syncobj import (
     build_conf,
     make_syncobj,
 )
-from raftlog.metadata.raft_testing import (
+from raftlog.quorum.raft_testing import (
     SECRET,
     free_port,
     open_quorums,
     wait_for_controller,
     wait_until,
 )
-from raftlog.metadata.records import RegisterBroker
-from raftlog.metadata.state import MetadataStateMachine
 
 TIMEOUT_S = 10.0
 
@@ -189,7 +189,7 @@ async def test_6_closed_unauthenticated_pickle_is_refused_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     marker = tmp_path / "created-by-the-attacker"
-    with caplog.at_level(logging.WARNING, logger="raftlog.metadata.raft_syncobj"):
+    with caplog.at_level(logging.WARNING, logger="raftlog.quorum.raft_syncobj"):
         async with open_quorums(tmp_path, voters=1) as quorums:
             quorum = await wait_for_controller(quorums, TIMEOUT_S)
             address = f"127.0.0.1:{quorum.status().voters[0].address.rsplit(':', 1)[1]}"

@@ -37,17 +37,17 @@ import trio
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.encryptor import getEncryptor
 
-from raftlog.metadata.quorum import QuorumError
-from raftlog.metadata.raft import RaftQuorum
-from raftlog.metadata.raft_testing import SECRET, open_quorums, wait_for_controller
-from raftlog.metadata.raft_testing import wait_until as wait_until_async
-from raftlog.metadata.raft_transport import (
+from raftlog.metadata.records import CreateTopic, RegisterBroker
+from raftlog.quorum.local import QuorumError
+from raftlog.quorum.raft import RaftQuorum
+from raftlog.quorum.raft_testing import SECRET, open_quorums, wait_for_controller
+from raftlog.quorum.raft_testing import wait_until as wait_until_async
+from raftlog.quorum.raft_transport import (
     HANDSHAKE_TIMEOUT_S,
     RAFT_COMMAND_MAX_BYTES,
     RAFT_MESSAGE_MAX_BYTES,
     UNPROVEN_CONNECTIONS_MAX,
 )
-from raftlog.metadata.records import CreateTopic, RegisterBroker
 from tests.integration.cluster_harness import (
     Cluster,
     ClusterNode,
@@ -378,7 +378,7 @@ def handshake(port: int) -> socket.socket:
 async def test_proven_peer_over_the_message_cap_is_closed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="raftlog.metadata.raft_transport"):
+    with caplog.at_level(logging.WARNING, logger="raftlog.quorum.raft_transport"):
         async with open_quorums(tmp_path, voters=1) as quorums:
             quorum = await wait_for_controller(quorums, IN_PROCESS_TIMEOUT_S)
             transport = quorum.syncobj.transport

@@ -5,7 +5,7 @@ where pysyncobj's defaults need a second election round (findings §7c, §8-B); 
 frozen with SIGSTOP while another takes over cannot, after SIGCONT, change the image: its
 proposals are refused or fenced (NOT_CONTROLLER), its linearizable read is refused or fresh,
 and it ends with the same image as the others. Acknowledged writes survive every kill.
-Method: ``python -m raftlog.metadata.raft_node`` processes on 127.0.0.1 (``RaftCluster``), failover
+Method: ``python -m raftlog.quorum.raft_node`` processes on 127.0.0.1 (``RaftCluster``), failover
 measured from the kill to the new controller's "ready" event (both wall-clock on this host).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from raftlog.metadata import errors
-from raftlog.metadata.raft_testing import RaftCluster, RaftNodeProcess
+from raftlog.quorum.raft_testing import RaftCluster, RaftNodeProcess
 
 FAILOVER_CAP_S = 12.0
 LINK_TIMEOUT_S = 2.0

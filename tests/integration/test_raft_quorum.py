@@ -20,24 +20,24 @@ from pysyncobj.config import FAIL_REASON
 
 from raftlog.config import QuorumVoter, ServerConfig
 from raftlog.metadata import errors
-from raftlog.metadata.quorum import (
+from raftlog.metadata.records import BecomeController, RegisterBroker
+from raftlog.quorum.local import (
     NotControllerError,
     Quorum,
     QuorumBusyError,
     QuorumError,
     QuorumFailedError,
 )
-from raftlog.metadata.raft import RaftConfigError, RaftQuorum
-from raftlog.metadata.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.metadata.raft_syncobj import RaftSettings
-from raftlog.metadata.raft_testing import (
+from raftlog.quorum.raft import RaftConfigError, RaftQuorum
+from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
+from raftlog.quorum.raft_syncobj import RaftSettings
+from raftlog.quorum.raft_testing import (
     SECRET,
     free_port,
     open_quorums,
     wait_for_controller,
     wait_until,
 )
-from raftlog.metadata.records import BecomeController, RegisterBroker
 
 TIMEOUT_S = 10.0
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS
-from raftlog.fetch.schemas_txn import END_TXN
 from raftlog.partition.batch import build_batch
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS
+from raftlog.protocol.schemas_txn import END_TXN
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import _connect, create_topic, produce_raw, unique_topic
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.schemas import INIT_PRODUCER_ID
-from raftlog.fetch.schemas_txn import DESCRIBE_PRODUCERS
+from raftlog.client.connection import KafkaConnection
 from raftlog.partition.batch import build_batch
+from raftlog.protocol.schemas import INIT_PRODUCER_ID
+from raftlog.protocol.schemas_txn import DESCRIBE_PRODUCERS
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import create_topic, produce_raw, unique_topic
 

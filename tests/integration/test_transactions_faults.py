@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.schemas import LIST_OFFSETS
+from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.schemas import LIST_OFFSETS
 from raftlog.txn.coordinator import partition_for
 from raftlog.txn.coordinator_service import TXN_TOPIC, TxnSettings
 from tests.integration.cluster_harness import Cluster, ClusterNode, cluster3, wait_until

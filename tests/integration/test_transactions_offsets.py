@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas_group import OFFSET_FETCH
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas_group import OFFSET_FETCH
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import _connect, create_topic, unique_topic
 

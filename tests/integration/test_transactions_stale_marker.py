@@ -21,8 +21,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas_txn import DESCRIBE_PRODUCERS, WRITE_TXN_MARKERS
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas_txn import DESCRIBE_PRODUCERS, WRITE_TXN_MARKERS
 from tests.integration.conftest import BrokerProcess
 from tests.integration.helpers import (
     _connect,

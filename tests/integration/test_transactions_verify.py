@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 import trio
 
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import (
+from raftlog.client.connection import KafkaConnection
+from raftlog.partition.batch import build_batch
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import (
     API_VERSIONS,
     FIND_COORDINATOR,
     INIT_PRODUCER_ID,
     LIST_OFFSETS,
     PRODUCE,
 )
-from raftlog.fetch.schemas_txn import ADD_PARTITIONS_TO_TXN, END_TXN
-from raftlog.partition.batch import build_batch
+from raftlog.protocol.schemas_txn import ADD_PARTITIONS_TO_TXN, END_TXN
 from tests.integration.cluster_harness import Cluster, cluster3
 from tests.integration.helpers import unique_topic
 from tests.integration.test_cluster_failover import create_topic

@@ -3,7 +3,7 @@
 CreatePartitions is not a compare-and-set (found by the metadata workload, campaign of
 2026-11-21, e.g. ``python -m jepsen test --workload metadata --nemesis pause --seed 100
 --time-limit 20 --interval 4 --rate 40``: two concurrent ``add-partitions 5`` both ``ok``).
-The handler (``raftlog/fetch/apis.py`` ``_add_partitions``) turns the requested count into a
+The handler (``raftlog/broker/apis.py`` ``_add_partitions``) turns the requested count into a
 list of *new* partitions against its current image, and the state machine
 (``raftlog/metadata/state.py`` ``_create_partitions``) appends them without checking the
 count they were computed from, so two concurrent CreatePartitions(count=5) on a 1-partition
@@ -21,8 +21,8 @@ import trio
 
 from jepsen.db import Cluster
 from jepsen.net import LoopbackNet
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.schemas import CREATE_PARTITIONS, CREATE_TOPICS, METADATA
+from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.schemas import CREATE_PARTITIONS, CREATE_TOPICS, METADATA
 
 
 async def _request(address: tuple[str, int], api: Any, body: dict[str, Any]) -> Any:

@@ -11,8 +11,7 @@ from collections.abc import Mapping
 import pytest
 
 from raftlog.config import ServerConfig
-from raftlog.metadata import errors
-from raftlog.metadata.controller import (
+from raftlog.controller.core import (
     CONFIG_OP_APPEND,
     CONFIG_OP_DELETE,
     CONFIG_OP_SET,
@@ -24,10 +23,11 @@ from raftlog.metadata.controller import (
     Decision,
     plan_config_change,
 )
+from raftlog.metadata import errors
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.records import AlterConfigs, PartitionChange
 from raftlog.metadata.testing import MachineDriver
-from raftlog.tools import parse_add_config
+from raftlog.tools.console import parse_add_config
 
 DEFAULTS: Mapping[str, str] = {"cleanup.policy": "delete", "retention.ms": "604800000",
                                "min.insync.replicas": "1"}

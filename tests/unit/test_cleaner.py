@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlog.compression import decompress_batches
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
     build_batch,
@@ -26,6 +25,7 @@ from raftlog.partition.cleaner import (
     plan_pass,
     rebuild_batch,
 )
+from raftlog.partition.compression import decompress_batches
 
 KEYS = [b"a", b"b", b"c", b"d", None]
 RETENTION = 1_000
@@ -120,7 +120,7 @@ def test_a_batch_that_decompresses_past_the_cap_is_kept_whole(
     """A compression bomb costs at most the cap: the cleaner keeps such a batch as it is (its
     keys shadow nothing), and the produce-time key check refuses it."""
     import raftlog.partition.cleaner as cleaner
-    from raftlog.compression import DecompressedSizeError
+    from raftlog.partition.compression import DecompressedSizeError
 
     older = build_batch([(b"a", b"old", ())])
     plain = build_batch([(b"a", b"x" * 20_000, ()), (b"a", b"y" * 20_000, ())], base_offset=1)

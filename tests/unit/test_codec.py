@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlog.fetch import codec
-from raftlog.fetch.codec import Api, DecodeError, Field, Struct
-from raftlog.fetch.schemas import ALL_APIS, API_VERSIONS, FETCH, METADATA, PRODUCE
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, DecodeError, Field, Struct
+from raftlog.protocol.schemas import ALL_APIS, API_VERSIONS, FETCH, METADATA, PRODUCE
 
 _INT_BOUNDS = {
     "int8": 7,

@@ -36,13 +36,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.codec import Api, EncodeError, Field, Struct
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import API_VERSIONS, CREATE_TOPICS, METADATA, PRODUCE
-from raftlog.fetch.schemas_group import DESCRIBE_GROUPS, JOIN_GROUP
-from raftlog.fetch.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.node import Node
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, EncodeError, Field, Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import API_VERSIONS, CREATE_TOPICS, METADATA, PRODUCE
+from raftlog.protocol.schemas_group import DESCRIBE_GROUPS, JOIN_GROUP
+from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.security.session import ADMIN_USER, CLUSTER_MECHANISM, ClusterCredentials
 from tests.fuzz_frames import (
     CLIENT_IDS,
@@ -313,7 +313,7 @@ class Clients:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
     errors = InternalErrors()
-    listener_log = logging.getLogger("raftlog.fetch.server")
+    listener_log = logging.getLogger("raftlog.server.listener")
     listener_log.addHandler(errors)
     try:
         with InProcessNode(tmp_path_factory.mktemp("codec-responses")) as running:

@@ -10,8 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from raftlog.metadata import errors
-from raftlog.metadata.controller import (
+from raftlog.controller.core import (
     DUPLICATE_BROKER_REGISTRATION,
     INCONSISTENT_CLUSTER_ID,
     OPERATION_NOT_ATTEMPTED,
@@ -25,6 +24,7 @@ from raftlog.metadata.controller import (
     elect,
     plan_partition,
 )
+from raftlog.metadata import errors
 from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
 from raftlog.metadata.placement import PlacementError
 from raftlog.metadata.records import (

@@ -19,16 +19,33 @@ from typing import Any, Final
 import pytest
 import trio
 
-from raftlog.broker_lifecycle import (
+from raftlog.broker.apis import KafkaApis
+from raftlog.broker.controller_apis import ControllerApis, describe_quorum_request
+from raftlog.broker.lifecycle import (
     BrokerLifecycle,
     ControllerChannel,
     ControllerUnreachableError,
     call_in_process,
 )
 from raftlog.config import ConfigError, ServerConfig
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.controller_apis import ControllerApis, describe_quorum_request
-from raftlog.fetch.schemas import (
+from raftlog.controller.core import (
+    DUPLICATE_BROKER_REGISTRATION,
+    STALE_BROKER_EPOCH,
+    ControllerSettings,
+    Heartbeat,
+    Registration,
+)
+from raftlog.controller.service import (
+    ControllerService,
+    ControllerUnavailableError,
+    settings_from_config,
+)
+from raftlog.metadata import errors
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.records import Record, RegisterBroker
+from raftlog.metadata.state import ApplyResult, MetadataStateMachine
+from raftlog.partition.manager import PartitionManager
+from raftlog.protocol.schemas import (
     ALTER_PARTITION,
     BROKER_HEARTBEAT,
     BROKER_REGISTRATION,
@@ -36,31 +53,14 @@ from raftlog.fetch.schemas import (
     DELETE_TOPICS,
     DESCRIBE_QUORUM,
 )
-from raftlog.fetch.server import ListenerLimits, serve_listener
-from raftlog.metadata import errors
-from raftlog.metadata.controller import (
-    DUPLICATE_BROKER_REGISTRATION,
-    STALE_BROKER_EPOCH,
-    ControllerSettings,
-    Heartbeat,
-    Registration,
-)
-from raftlog.metadata.controller_service import (
-    ControllerService,
-    ControllerUnavailableError,
-    settings_from_config,
-)
-from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.quorum import (
+from raftlog.quorum.local import (
     PROPOSE_TIMEOUT_S_DEFAULT,
     LocalNode,
     LocalQuorum,
     NotControllerError,
     QuorumStatus,
 )
-from raftlog.metadata.records import Record, RegisterBroker
-from raftlog.metadata.state import ApplyResult, MetadataStateMachine
-from raftlog.partition.manager import PartitionManager
+from raftlog.server.listener import ListenerLimits, serve_listener
 
 SESSION_MS: Final = 600
 HEARTBEAT_MS: Final = 100

@@ -24,8 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from raftlog.metadata import errors
-from raftlog.metadata.controller import (
+from raftlog.controller.core import (
     AlterPartitionRequest,
     ControllerCore,
     ControllerSettings,
@@ -33,6 +32,7 @@ from raftlog.metadata.controller import (
     Proposal,
     Registration,
 )
+from raftlog.metadata import errors
 from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
 from raftlog.metadata.records import FenceBroker, PartitionChange
 from raftlog.metadata.testing import MachineDriver

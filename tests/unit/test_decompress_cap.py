@@ -1,4 +1,4 @@
-"""raftlog.compression's output bound: every codec stops at ``max_bytes`` (streaming, or a
+"""raftlog.partition.compression's output bound: every codec stops at ``max_bytes`` (streaming, or a
 declared length checked first) instead of decompressing everything, so a compression bomb
 in a producer's batch costs a lookup at most the bound."""
 
@@ -14,7 +14,7 @@ import lz4.frame
 import pytest
 import zstandard
 
-from raftlog.compression import (
+from raftlog.partition.compression import (
     CODEC_GZIP,
     CODEC_LZ4,
     CODEC_SNAPPY,

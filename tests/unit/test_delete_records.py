@@ -18,21 +18,21 @@ import pytest
 import trio
 
 import raftlog.partition.log as log_module
+from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.codec import RequestHeader
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import DELETE_RECORDS
-from raftlog.fetch.server import RequestContext
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
 from raftlog.partition.manager import Partition, PartitionManager
 from raftlog.partition.replica_state import LeaderState
 from raftlog.partition.segment import Segment
+from raftlog.protocol import codec
+from raftlog.protocol.codec import RequestHeader
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import DELETE_RECORDS
+from raftlog.quorum.local import Quorum
+from raftlog.server.listener import RequestContext
 
 T0 = 1_700_000_000_000
 TRANSACTIONAL_FLAG = 0x10

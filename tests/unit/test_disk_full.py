@@ -25,20 +25,20 @@ import raftlog.partition.files
 import raftlog.partition.log
 import raftlog.partition.manager
 import raftlog.partition.segment
+from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.codec import Api, RequestHeader
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import FETCH, PRODUCE
-from raftlog.fetch.server import RequestContext
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.epoch_cache import LEADER_EPOCH_CHECKPOINT
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
 from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, RequestHeader
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import FETCH, PRODUCE
+from raftlog.quorum.local import Quorum
+from raftlog.server.listener import RequestContext
 
 T0 = 1_700_000_000_000
 LOG_NAME = "raftlog.partition.log"

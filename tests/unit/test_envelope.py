@@ -9,20 +9,20 @@ from typing import Any
 
 import pytest
 
-from raftlog.broker_lifecycle import call_in_process
+from raftlog.broker.apis import KafkaApis
+from raftlog.broker.controller_apis import ControllerApis
+from raftlog.broker.lifecycle import call_in_process
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec, envelope
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.codec import Api, Struct
-from raftlog.fetch.controller_apis import ControllerApis
-from raftlog.fetch.envelope import EnvelopeError
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import ENVELOPE, INCREMENTAL_ALTER_CONFIGS, METADATA
-from raftlog.fetch.server import RequestContext
-from raftlog.metadata.controller_service import ControllerService, settings_from_config
-from raftlog.metadata.quorum import LocalNode, LocalQuorum
+from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.manager import PartitionManager
+from raftlog.protocol import codec, envelope
+from raftlog.protocol.codec import Api, Struct
+from raftlog.protocol.envelope import EnvelopeError
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import ENVELOPE, INCREMENTAL_ALTER_CONFIGS, METADATA
+from raftlog.quorum.local import LocalNode, LocalQuorum
+from raftlog.server.listener import RequestContext
 from tests.unit.test_controller_service import SwitchableQuorum, free_port, server_config
 
 VERSION = 1

@@ -13,17 +13,17 @@ from typing import Any, cast
 
 import pytest
 
-import raftlog.fetch.apis as apis_module
+import raftlog.broker.apis as apis_module
+from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX, KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import PARTITIONS_PER_REQUEST_MAX, KafkaApis
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import CREATE_PARTITIONS
-from raftlog.fetch.server import RequestContext
 from raftlog.metadata.image import MetadataImage, PartitionImage, TopicImage, frozen_mapping
 from raftlog.metadata.placement import assign_replicas
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.manager import PartitionManager
+from raftlog.protocol import codec
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import CREATE_PARTITIONS
+from raftlog.quorum.local import Quorum
+from raftlog.server.listener import RequestContext
 
 
 def _request(api: codec.Api, version: int, body: dict[str, Any]) -> RequestContext:

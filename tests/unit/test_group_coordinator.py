@@ -18,7 +18,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.group.coordinator import (
     COMPLETING_REBALANCE,
     EMPTY,
@@ -40,6 +39,7 @@ from raftlog.group.records import (
     encode_offset_value,
 )
 from raftlog.group.service import java_string_hash, partition_for
+from raftlog.protocol.errors import ErrorCode
 
 SESSION = 10_000
 REBALANCE = 20_000

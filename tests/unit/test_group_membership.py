@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.group.coordinator import (
     COMPLETING_REBALANCE,
     EMPTY,
@@ -16,6 +15,7 @@ from raftlog.group.coordinator import (
     GroupCoordinator,
 )
 from raftlog.group.records import GroupKey, OffsetKey, OffsetValue, decode_key
+from raftlog.protocol.errors import ErrorCode
 
 SESSION_MS = 10_000
 REBALANCE_MS = 20_000

@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.group.coordinator import (
     PREPARING_REBALANCE,
     STABLE,
     GroupCoordinator,
 )
 from raftlog.group.records import GroupKey, OffsetKey, decode_group_value, decode_key
+from raftlog.protocol.errors import ErrorCode
 
 SESSION_MS = 10_000
 G = "group"

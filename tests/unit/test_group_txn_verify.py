@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.group.txn_offsets import _verify_error
+from raftlog.protocol.errors import ErrorCode
 from raftlog.txn.coordinator_service import _produce_verdict
 
 

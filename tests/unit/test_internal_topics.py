@@ -19,6 +19,14 @@ import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftlog.controller.core import (
+    CONFIG_OP_DELETE,
+    CONFIG_OP_SET,
+    CONFIG_RESOURCE_TOPIC,
+    ConfigAlteration,
+    ConfigOp,
+    plan_config_change,
+)
 from raftlog.group.records import (
     GroupKey,
     GroupValue,
@@ -34,25 +42,17 @@ from raftlog.group.records import (
     encode_offset_value,
 )
 from raftlog.metadata import errors
-from raftlog.metadata.controller import (
-    CONFIG_OP_DELETE,
-    CONFIG_OP_SET,
-    CONFIG_RESOURCE_TOPIC,
-    ConfigAlteration,
-    ConfigOp,
-    plan_config_change,
-)
 from raftlog.metadata.image import MetadataImage, TopicImage, frozen_mapping
-from raftlog.metadata.internal_topics import (
+from raftlog.partition.batch import build_batch
+from raftlog.partition.log import LogConfig, PartitionLog
+from raftlog.partition.manager import Partition
+from raftlog.protocol.internal_topics import (
     OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
     UndecodableRecords,
     cleanup_policy_refusal,
     is_internal_topic,
 )
-from raftlog.partition.batch import build_batch
-from raftlog.partition.log import LogConfig, PartitionLog
-from raftlog.partition.manager import Partition
 from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator_service import _replay
 

@@ -22,20 +22,20 @@ import crc32c
 import pytest
 
 import raftlog.partition.segment as segment_module
+from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.codec import RequestHeader
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import LIST_OFFSETS
-from raftlog.fetch.server import RequestContext
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import RECORD_BATCH_OVERHEAD, parse_header, record_timestamps
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.log import LOG_APPEND_TIME, LogConfig, PartitionLog
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.segment import TimestampAndOffset
+from raftlog.protocol import codec
+from raftlog.protocol.codec import RequestHeader
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import LIST_OFFSETS
+from raftlog.quorum.local import Quorum
+from raftlog.server.listener import RequestContext
 
 T0 = 1_700_000_000_000
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # the v2 batch header, see raftlog.partition.batch

@@ -18,21 +18,21 @@ import trio.testing
 import raftlog.partition.epoch_cache as epoch_cache_module
 import raftlog.partition.files as files
 import raftlog.partition.log as log_module
+from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.codec import RequestHeader
-from raftlog.fetch.schemas import LIST_OFFSETS
-from raftlog.fetch.server import RequestContext
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.quorum import Quorum
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
 from raftlog.partition.manager import PartitionManager, now_ms
-from raftlog.partition.replication import FollowerAssignment, LeaderFetcher, ReplicaManager
+from raftlog.partition.producer_snapshot import log_headers
 from raftlog.partition.segment import Segment
-from raftlog.txn.snapshot import log_headers
+from raftlog.protocol import codec
+from raftlog.protocol.codec import RequestHeader
+from raftlog.protocol.schemas import LIST_OFFSETS
+from raftlog.quorum.local import Quorum
+from raftlog.replication.manager import FollowerAssignment, LeaderFetcher, ReplicaManager
+from raftlog.server.listener import RequestContext
 from tests.unit.test_delete_records import fail_delete_of
 
 T0 = 1_700_000_000_000

@@ -18,9 +18,12 @@ from typing import Final
 import pytest
 import trio
 
-from raftlog.metadata import errors, logfile
-from raftlog.metadata.logfile import MetadataLogCorruptError
-from raftlog.metadata.quorum import (
+from raftlog.metadata import errors
+from raftlog.metadata.records import AlterConfigs, CreateTopic, FenceBroker, UnfenceBroker
+from raftlog.metadata.state import RESOURCE_TYPE_TOPIC, MetadataStateMachine
+from raftlog.metadata.testing import make_topic_id
+from raftlog.quorum import logfile
+from raftlog.quorum.local import (
     LocalNode,
     LocalQuorum,
     ProposalTimeoutError,
@@ -30,9 +33,7 @@ from raftlog.metadata.quorum import (
     QuorumFailedError,
     QuorumTimeoutError,
 )
-from raftlog.metadata.records import AlterConfigs, CreateTopic, FenceBroker, UnfenceBroker
-from raftlog.metadata.state import RESOURCE_TYPE_TOPIC, MetadataStateMachine
-from raftlog.metadata.testing import make_topic_id
+from raftlog.quorum.logfile import MetadataLogCorruptError
 
 NODE: Final = LocalNode(node_id=1, host="127.0.0.1", port=9092)
 
@@ -155,7 +156,7 @@ async def test_torn_tail_is_truncated_with_a_warning(
     good_size = log_path(tmp_path).stat().st_size
     frame = logfile.encode_frame(logfile.encode_entry(image.version + 1, b"\x00" * 40))
     append_to_log(tmp_path, damage(frame))
-    with caplog.at_level(logging.WARNING, logger="raftlog.metadata.logfile"):
+    with caplog.at_level(logging.WARNING, logger="raftlog.quorum.logfile"):
         async with quorum(tmp_path, node=None) as q:
             assert q.image == image
             assert log_path(tmp_path).stat().st_size == good_size

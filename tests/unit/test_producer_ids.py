@@ -23,34 +23,34 @@ import pytest
 import trio
 import trio.testing
 
-from raftlog.broker_lifecycle import BrokerLifecycle, ControllerChannel, call_in_process
+from raftlog.broker.apis import KafkaApis
+from raftlog.broker.controller_apis import ControllerApis
+from raftlog.broker.lifecycle import BrokerLifecycle, ControllerChannel, call_in_process
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.codec import Api, RequestHeader, Struct
-from raftlog.fetch.controller_apis import ControllerApis
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.schemas import ALLOCATE_PRODUCER_IDS, INIT_PRODUCER_ID
-from raftlog.fetch.server import Body, RequestContext
-from raftlog.metadata import errors
-from raftlog.metadata.controller import STALE_BROKER_EPOCH, Registration
-from raftlog.metadata.controller_service import (
+from raftlog.controller.core import STALE_BROKER_EPOCH, Registration
+from raftlog.controller.service import (
     ALLOCATION_ATTEMPTS,
     ControllerService,
     ControllerUnavailableError,
     settings_from_config,
 )
-from raftlog.metadata.quorum import (
+from raftlog.metadata import errors
+from raftlog.metadata.records import ProducerIdBlock, Record
+from raftlog.metadata.state import ApplyResult, MetadataStateMachine
+from raftlog.partition.manager import PartitionManager
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, RequestHeader, Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import ALLOCATE_PRODUCER_IDS, INIT_PRODUCER_ID
+from raftlog.quorum.local import (
     PROPOSE_TIMEOUT_S_DEFAULT,
     LocalNode,
     LocalQuorum,
     NotControllerError,
     ProposalTimeoutError,
 )
-from raftlog.metadata.records import ProducerIdBlock, Record
-from raftlog.metadata.state import ApplyResult, MetadataStateMachine
-from raftlog.partition.manager import PartitionManager
-from raftlog.txn.apis import EPOCH_EXHAUSTED, ProducerApis
+from raftlog.server.listener import Body, RequestContext
+from raftlog.txn.init_producer_id import EPOCH_EXHAUSTED, ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
 from tests.unit.test_controller_service import SwitchableQuorum
 

@@ -20,12 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from raftlog.fetch.errors import ErrorCode
+from raftlog.partition import producer_snapshot as snapshot
 from raftlog.partition.batch import BatchHeader, build_batch, validate_batches
 from raftlog.partition.log import LogConfig, PartitionLog
-from raftlog.partition.txn_index import build_marker
-from raftlog.txn import snapshot
-from raftlog.txn.producer_state import (
+from raftlog.partition.producer_state import (
     BATCHES_TO_RETAIN,
     INT32_MAX,
     BatchMetadata,
@@ -36,6 +34,8 @@ from raftlog.txn.producer_state import (
     headers_in,
     last_sequence,
 )
+from raftlog.partition.txn_index import build_marker
+from raftlog.protocol.errors import ErrorCode
 
 T0 = 1_700_000_000_000
 TRANSACTIONAL = 0x10

@@ -35,8 +35,11 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.node import TCPNode
 
 from raftlog.metadata import errors, state
-from raftlog.metadata.raft_storage import DurableJournal, RaftSnapshot, encode_snapshot
-from raftlog.metadata.raft_syncobj import (
+from raftlog.metadata.records import Command, RegisterBroker, encode_command
+from raftlog.metadata.state import ApplyResult, MetadataStateMachine
+from raftlog.metadata.testing import MachineDriver
+from raftlog.quorum.raft_storage import DurableJournal, RaftSnapshot, encode_snapshot
+from raftlog.quorum.raft_syncobj import (
     CANDIDATE,
     FOLLOWER,
     LEADER,
@@ -47,10 +50,7 @@ from raftlog.metadata.raft_syncobj import (
     Submission,
     make_syncobj,
 )
-from raftlog.metadata.raft_testing import free_port
-from raftlog.metadata.records import Command, RegisterBroker, encode_command
-from raftlog.metadata.state import ApplyResult, MetadataStateMachine
-from raftlog.metadata.testing import MachineDriver
+from raftlog.quorum.raft_testing import free_port
 
 SECRET = "unit-test-secret"
 GHOST_B = "127.0.0.1:1"

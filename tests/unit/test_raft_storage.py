@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.metadata.raft_storage import (
+from raftlog.quorum.raft_storage import (
     DurableJournal,
     MetaPropertiesError,
     RaftSnapshot,

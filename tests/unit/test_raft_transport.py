@@ -21,14 +21,14 @@ import pytest
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.encryptor import getEncryptor
 
-from raftlog.metadata.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.metadata.raft_syncobj import (
+from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
+from raftlog.quorum.raft_syncobj import (
     RaftSettings,
     UnsafeRaftConfigError,
     build_conf,
     check_conf,
 )
-from raftlog.metadata.raft_transport import (
+from raftlog.quorum.raft_transport import (
     HANDSHAKE_MESSAGE_MAX_BYTES,
     RAFT_COMMAND_MAX_BYTES,
     RAFT_MESSAGE_MAX_BYTES,

@@ -19,20 +19,9 @@ from typing import Any
 import pytest
 import trio
 
+from raftlog.broker.apis import KafkaApis
+from raftlog.client.connection import ClusterLogin, KafkaConnection
 from raftlog.config import ServerConfig
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.client import ClusterLogin, KafkaConnection
-from raftlog.fetch.codec import Struct
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.sasl_apis import SaslApis, broker_epoch_extension
-from raftlog.fetch.schemas import FETCH, LIST_OFFSETS, METADATA, OFFSET_FOR_LEADER_EPOCH, PRODUCE
-from raftlog.fetch.server import (
-    Handler,
-    HandlerResult,
-    ListenerLimits,
-    RequestContext,
-    serve_listener,
-)
 from raftlog.metadata.image import MetadataImage, PartitionImage
 from raftlog.metadata.records import (
     BecomeController,
@@ -45,8 +34,19 @@ from raftlog.metadata.records import (
 from raftlog.metadata.testing import MachineDriver, make_topic_id
 from raftlog.partition.batch import build_batch, decode_records, validate_batches
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
-from raftlog.partition.replication import ReplicaManager, ReplicationSettings
+from raftlog.protocol.codec import Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import FETCH, LIST_OFFSETS, METADATA, OFFSET_FOR_LEADER_EPOCH, PRODUCE
+from raftlog.replication.manager import ReplicaManager, ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
+from raftlog.server.listener import (
+    Handler,
+    HandlerResult,
+    ListenerLimits,
+    RequestContext,
+    serve_listener,
+)
+from raftlog.server.sasl import SaslApis, broker_epoch_extension
 
 CREDENTIALS = ClusterCredentials("replication-test-secret")
 LIMITS = ListenerLimits(request_bytes_max=1 << 24, idle_ms_max=60_000)

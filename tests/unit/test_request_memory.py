@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from raftlog.fetch.request_memory import FrameLease, RequestMemory
+from raftlog.server.request_memory import FrameLease, RequestMemory
 
 
 async def _grow_in_task(nursery: trio.Nursery, lease: FrameLease, nbytes: int) -> trio.Event:

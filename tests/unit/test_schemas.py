@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from raftlog.fetch.codec import Api, Field, VersionRange
-from raftlog.fetch.schemas import ALL_APIS
-from raftlog.fetch.schemas_group import GROUP_APIS
-from raftlog.fetch.schemas_txn import TXN_APIS
+from raftlog.protocol.codec import Api, Field, VersionRange
+from raftlog.protocol.schemas import ALL_APIS
+from raftlog.protocol.schemas_group import GROUP_APIS
+from raftlog.protocol.schemas_txn import TXN_APIS
 
 MESSAGE_DIR = Path(__file__).resolve().parents[3] / "shared" / "kafka-protocol" / "message"
 PRIMITIVES = {

@@ -165,7 +165,7 @@ def test_cluster_credentials_cost_one_derivation_whatever_the_user() -> None:
 
 
 def test_sasl_error_codes_are_kafkas() -> None:
-    from raftlog.fetch.errors import ErrorCode
+    from raftlog.protocol.errors import ErrorCode
     from raftlog.security import session
 
     for name in ("UNSUPPORTED_SASL_MECHANISM", "ILLEGAL_SASL_STATE", "SASL_AUTHENTICATION_FAILED"):

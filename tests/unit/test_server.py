@@ -18,15 +18,18 @@ import pytest
 import trio
 import trio.testing
 
+from raftlog.broker.apis import KafkaApis
+from raftlog.client.connection import KafkaConnection
 from raftlog.config import ServerConfig
-from raftlog.fetch import codec
-from raftlog.fetch.apis import KafkaApis
-from raftlog.fetch.client import KafkaConnection
-from raftlog.fetch.codec import Api, Struct
-from raftlog.fetch.errors import ErrorCode
-from raftlog.fetch.request_memory import FRAME_BUFFER_BYTES, FrameLease, RequestMemory
-from raftlog.fetch.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
-from raftlog.fetch.server import (
+from raftlog.metadata.image import MetadataImage
+from raftlog.partition.manager import PartitionManager
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, Struct
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
+from raftlog.quorum.local import Quorum
+from raftlog.security.session import Session
+from raftlog.server.listener import (
     INFLIGHT_REQUESTS_MAX,
     Body,
     ConnectionClosed,
@@ -40,10 +43,7 @@ from raftlog.fetch.server import (
     serve_connection,
     serve_listener,
 )
-from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.quorum import Quorum
-from raftlog.partition.manager import PartitionManager
-from raftlog.security.session import Session
+from raftlog.server.request_memory import FRAME_BUFFER_BYTES, FrameLease, RequestMemory
 
 _SIZE = struct.Struct(">i")
 LIMITS = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=10_000)

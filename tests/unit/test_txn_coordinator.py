@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from raftlog.fetch.errors import ErrorCode
+from raftlog.protocol.errors import ErrorCode
 from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator import TxnState
 

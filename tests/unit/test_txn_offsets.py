@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from raftlog.fetch.errors import ErrorCode
 from raftlog.group.coordinator import DEAD, Group, GroupCoordinator, Member
 from raftlog.group.records import OffsetValue
 from raftlog.group.txn_offsets import PendingTxnOffsets, validate_txn_commit
+from raftlog.protocol.errors import ErrorCode
 
 
 def test_stage_resolve_and_has_pending() -> None:

@@ -1,0 +1,3 @@
+"""The broker's request handlers for clients and for the controller routing, and its lifecycle
+toward the controller.
+"""

@@ -1,0 +1,624 @@
+"""Handlers for the controller's side of the cluster: KRaft's internal RPCs and admin routing.
+
+* BrokerRegistration (62), BrokerHeartbeat (63), AlterPartition (56), AllocateProducerIds (67):
+  served by the :class:`~raftlog.controller.service.ControllerService` while this
+  node is the ready controller; anywhere else they answer NOT_CONTROLLER (41) and the broker
+  re-resolves the controller.
+* DescribeQuorum (55): this node's view of the metadata quorum (``quorum.status()``); the
+  partition-level error is NOT_CONTROLLER on a node that is not the controller, whose view
+  of per-voter progress is only partial.
+* CreateTopics (19), DeleteTopics (20), CreatePartitions (37) stay implemented in
+  :mod:`raftlog.broker.apis`; here they are wrapped so that a node that is not the controller
+  answers NOT_CONTROLLER per topic (clients re-route using Metadata's ``controller_id``), and
+  so that the controller places new topics with its own view of usable brokers.
+* AlterConfigs (33), IncrementalAlterConfigs (44): decided and committed by the controller
+  (:func:`~raftlog.controller.core.plan_config_change`, one AlterConfigs record per
+  resource). Clients send them to any broker, so a node that is not the controller forwards
+  the request to it wrapped in an Envelope (KIP-590, :mod:`raftlog.protocol.envelope`) and relays
+  the inner answer.
+* Envelope (58): on the controller, the inner request goes to the same handler as a client's,
+  marked as forwarded: a forwarded request is never forwarded again (a node that lost the
+  controllership answers NOT_CONTROLLER, and the forwarding node's channel tries the next
+  candidate). Anywhere else the envelope itself is answered NOT_CONTROLLER. Only an Envelope
+  counts as forwarded; a client's client.id means nothing.
+* Metadata (3): on a node that is not the controller, topic auto-creation is forwarded to the
+  controller as a CreateTopics request in an Envelope (as Kafka brokers forward it), then
+  answered locally.
+
+Handlers follow ``raftlog.server.listener``'s contract: never raise for bad input, return a body or
+a coroutine function that produces one, and bound every wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import trio
+
+from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX, KafkaApis
+from raftlog.config import ServerConfig
+from raftlog.controller.core import (
+    CONFIG_OP_SET,
+    STALE_BROKER_EPOCH,
+    AlterPartitionRequest,
+    ConfigAlteration,
+    ConfigOp,
+    Heartbeat,
+    Registration,
+)
+from raftlog.controller.service import (
+    AlterPartitionResult,
+    ControllerService,
+    ControllerUnavailableError,
+)
+from raftlog.metadata import errors
+from raftlog.metadata.state import METADATA_TOPIC_NAME
+from raftlog.protocol import codec, envelope
+from raftlog.protocol.codec import Api, Struct
+from raftlog.protocol.envelope import EnvelopeError
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import (
+    ALLOCATE_PRODUCER_IDS,
+    ALTER_CONFIGS,
+    ALTER_PARTITION,
+    BROKER_HEARTBEAT,
+    BROKER_REGISTRATION,
+    CREATE_PARTITIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    DESCRIBE_QUORUM,
+    ENVELOPE,
+    INCREMENTAL_ALTER_CONFIGS,
+    METADATA,
+)
+from raftlog.quorum.local import Quorum, QuorumStatus, QuorumTimeoutError
+from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
+
+log = logging.getLogger(__name__)
+
+FORWARD_TIMEOUT_S: Final = 10.0
+METADATA_PROPAGATION_TIMEOUT_S: Final = 3.0
+CREATE_TOPICS_FORWARD_VERSION: Final = 4
+NOT_CONTROLLER_MESSAGE: Final = "This node is not the controller; send the request to it."
+
+
+class ControllerApis:
+    """Controller-side handlers and the admin routing wrappers. See the module docstring.
+
+    Args:
+        forward: Sends a request to the current controller (``ControllerChannel.call``), used
+            to forward AlterConfigs, IncrementalAlterConfigs and Metadata's auto-creation in
+            an Envelope; None disables forwarding.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        quorum: Quorum,
+        controller: ControllerService,
+        apis: KafkaApis,
+        forward: Callable[..., Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.quorum = quorum
+        self.controller = controller
+        self.apis = apis
+        self.forward = forward
+
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[int, Callable[[RequestContext], HandlerResult]] = {
+            BROKER_REGISTRATION.key: self.broker_registration,
+            BROKER_HEARTBEAT.key: self.broker_heartbeat,
+            ALTER_PARTITION.key: self.alter_partition,
+            ALLOCATE_PRODUCER_IDS.key: self.allocate_producer_ids,
+            DESCRIBE_QUORUM.key: self.describe_quorum,
+            CREATE_TOPICS.key: self.create_topics,
+            DELETE_TOPICS.key: self.delete_topics,
+            CREATE_PARTITIONS.key: self.create_partitions,
+            METADATA.key: self.metadata,
+            ALTER_CONFIGS.key: self.alter_configs,
+            INCREMENTAL_ALTER_CONFIGS.key: self.incremental_alter_configs,
+            ENVELOPE.key: self.envelope,
+        }
+        return dict(table)
+
+    def _forwarded_handlers(self) -> dict[int, Callable[[RequestContext], HandlerResult]]:
+        """The handlers for requests found in an Envelope: never forwarded again."""
+        return {
+            CREATE_TOPICS.key: self.create_topics,
+            DELETE_TOPICS.key: self.delete_topics,
+            CREATE_PARTITIONS.key: self.create_partitions,
+            ALTER_CONFIGS.key: lambda ctx: self._alter_configs(
+                ctx, incremental=False, forwarded=True),
+            INCREMENTAL_ALTER_CONFIGS.key: lambda ctx: self._alter_configs(
+                ctx, incremental=True, forwarded=True),
+        }
+
+    # -- Envelope (KIP-590) --------------------------------------------------------------------
+
+    def envelope(self, ctx: RequestContext) -> HandlerResult:
+        if not self.quorum.controller_ready:
+            return envelope.refusal(errors.NOT_CONTROLLER)
+        try:
+            inner = envelope.open_request(
+                ctx.body, request_bytes_max=self.config.socket_request_max_bytes)
+        except EnvelopeError as exc:
+            log.info("refusing an Envelope from %s: %s", ctx.peer, exc)
+            return envelope.refusal(exc.error_code)
+        handler = self._forwarded_handlers().get(inner.api.key)
+        if handler is None:  # FORWARDABLE_API_KEYS names an API this table lacks
+            return envelope.refusal(errors.INVALID_REQUEST)
+        result = handler(RequestContext(inner.api, inner.header, inner.body, inner.client_host))
+
+        async def answer() -> Body:
+            body = result
+            if body is not None and not isinstance(body, dict):
+                body = await body()
+            if body is None:
+                return envelope.refusal(ErrorCode.UNKNOWN_SERVER_ERROR)
+            return envelope.seal_response(inner, body)
+
+        return answer
+
+    async def _forward_enveloped(
+        self, ctx: RequestContext, api: Api, version: int, body: Mapping[str, Any],
+        is_not_controller: Callable[[Struct], bool],
+    ) -> Struct:
+        """Send ``body`` (as the client of ``ctx`` asked) to the controller in an Envelope.
+
+        Raises:
+            EnvelopeError: refused by the controller or not forwardable.
+            ControllerUnreachableError: no controller answered in time.
+        """
+        assert self.forward is not None
+        correlation_id = ctx.header.correlation_id
+        wrapped = envelope.wrap_request(
+            api, version, body, correlation_id=correlation_id,
+            client_id=ctx.header.client_id, client_host=envelope.client_address(ctx.peer),
+            request_bytes_max=self.config.socket_request_max_bytes)
+
+        def not_controller(response: Struct) -> bool:
+            if response.error_code == errors.NOT_CONTROLLER:
+                return True
+            try:  # the controller may have lost its role after opening the envelope
+                inner = envelope.unwrap_response(api, version, correlation_id, response)
+            except EnvelopeError:
+                return False
+            return is_not_controller(inner)
+
+        response = await self.forward(
+            ENVELOPE, wrapped, version=envelope.ENVELOPE_VERSION, timeout_s=FORWARD_TIMEOUT_S,
+            is_not_controller=not_controller)
+        return envelope.unwrap_response(api, version, correlation_id, response)
+
+    # -- BrokerRegistration, BrokerHeartbeat -------------------------------------------------
+
+    def broker_registration(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        if not self.controller.active:
+            return _registration_body(errors.NOT_CONTROLLER)
+        listener = _pick_listener(request.listeners, self.config.inter_broker_listener_name)
+        if listener is None:
+            return _registration_body(errors.INVALID_REQUEST)
+        registration = Registration(
+            broker_id=request.broker_id,
+            incarnation_id=request.incarnation_id.hex,
+            host=listener.host,
+            port=listener.port,
+            rack=request.rack or None,
+            cluster_id=request.cluster_id or None,
+        )
+
+        async def register() -> Body:
+            try:
+                code, message, epoch = await self.controller.register(registration)
+            except ControllerUnavailableError as exc:
+                return _registration_body(exc.error_code)
+            if code != errors.NONE:
+                log.info("registration of broker %d refused: %s", request.broker_id, message)
+            return _registration_body(code, epoch)
+
+        return register
+
+    def broker_heartbeat(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        if not self.controller.active:
+            return _heartbeat_body(errors.NOT_CONTROLLER)
+        heartbeat = Heartbeat(
+            broker_id=request.broker_id,
+            broker_epoch=request.broker_epoch,
+            current_metadata_offset=request.current_metadata_offset,
+            want_fence=request.want_fence,
+            want_shut_down=request.want_shut_down,
+        )
+
+        async def beat() -> Body:
+            try:
+                reply = await self.controller.heartbeat(heartbeat)
+            except ControllerUnavailableError as exc:
+                return _heartbeat_body(exc.error_code)
+            return _heartbeat_body(reply.error_code, is_caught_up=reply.is_caught_up,
+                                   is_fenced=reply.is_fenced,
+                                   should_shut_down=reply.should_shut_down)
+
+        return beat
+
+    # -- AlterPartition ------------------------------------------------------------------------
+
+    def alter_partition(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        if not self.controller.active:
+            return {"throttle_time_ms": 0, "error_code": errors.NOT_CONTROLLER, "topics": []}
+        wanted = [
+            AlterPartitionRequest(
+                request.broker_id, request.broker_epoch, topic.topic_name,
+                partition.partition_index, partition.leader_epoch, tuple(partition.new_isr),
+                partition.partition_epoch,
+            )
+            for topic in request.topics
+            for partition in topic.partitions
+        ]
+
+        async def alter_all() -> Body:
+            results: dict[str, list[Body]] = {}
+            for item in wanted:
+                try:
+                    result = await self.controller.alter_partition(item)
+                except ControllerUnavailableError as exc:
+                    if exc.error_code == errors.NOT_CONTROLLER:
+                        return {"throttle_time_ms": 0, "error_code": exc.error_code,
+                                "topics": []}
+                    result = AlterPartitionResult(exc.error_code)
+                results.setdefault(item.topic, []).append(_alter_result(item, result))
+            top = _top_level_alter_error(results)
+            if top is not None:
+                return {"throttle_time_ms": 0, "error_code": top, "topics": []}
+            topics = [{"topic_name": name, "partitions": parts} for name, parts in results.items()]
+            return {"throttle_time_ms": 0, "error_code": errors.NONE, "topics": topics}
+
+        return alter_all
+
+    # -- AllocateProducerIds -------------------------------------------------------------------
+
+    def allocate_producer_ids(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        if not self.controller.active:
+            return _allocate_body(errors.NOT_CONTROLLER)
+
+        async def allocate() -> Body:
+            try:
+                start, length = await self.controller.allocate_producer_ids(
+                    request.broker_id, request.broker_epoch
+                )
+            except ControllerUnavailableError as exc:
+                log.info("AllocateProducerIds for broker %d: %s", request.broker_id, exc)
+                return _allocate_body(exc.error_code)
+            return _allocate_body(errors.NONE, start, length)
+
+        return allocate
+
+    # -- DescribeQuorum ------------------------------------------------------------------------
+
+    def describe_quorum(self, ctx: RequestContext) -> HandlerResult:
+        status = self.quorum.status()
+        error = errors.NONE if self.quorum.controller_ready else errors.NOT_CONTROLLER
+        topics = []
+        for topic in ctx.body.topics:
+            partitions = []
+            for partition in topic.partitions:
+                if topic.topic_name != METADATA_TOPIC_NAME or partition.partition_index != 0:
+                    partitions.append(_unknown_quorum_partition(partition.partition_index))
+                else:
+                    partitions.append(_quorum_partition(status, error))
+            topics.append({"topic_name": topic.topic_name, "partitions": partitions})
+        return {"error_code": errors.NONE, "topics": topics}
+
+    # -- Admin routing -------------------------------------------------------------------------
+
+    def create_topics(self, ctx: RequestContext) -> HandlerResult:
+        if not self.quorum.controller_ready:
+            names = [t.name for t in ctx.body.topics]
+            return {"throttle_time_ms": 0, "topics": _not_controller_results(names)}
+        return self.apis.create_topics(self._with_placement(ctx))
+
+    def delete_topics(self, ctx: RequestContext) -> HandlerResult:
+        if not self.quorum.controller_ready:
+            responses = [{"name": name, "error_code": errors.NOT_CONTROLLER}
+                         for name in ctx.body.topic_names]
+            return {"throttle_time_ms": 0, "responses": responses}
+        return self.apis.delete_topics(ctx)
+
+    def create_partitions(self, ctx: RequestContext) -> HandlerResult:
+        if not self.quorum.controller_ready:
+            names = [t.name for t in ctx.body.topics]
+            return {"throttle_time_ms": 0, "results": _not_controller_results(names)}
+        return self.apis.create_partitions(ctx)
+
+    def _with_placement(self, ctx: RequestContext) -> RequestContext:
+        """Fill in replica assignments chosen by the controller for topics that have none.
+
+        Only when the controller can place the topic; anything else goes to ``apis`` as it
+        came, so its validation and error messages stay the only ones.
+        """
+        body = ctx.body.to_dict()
+        changed = False
+        for topic in body["topics"]:
+            if topic["assignments"]:
+                continue
+            count = topic["num_partitions"]
+            count = self.config.num_partitions if count == -1 else count
+            factor = topic["replication_factor"]
+            factor = self.config.default_replication_factor if factor == -1 else factor
+            if not (0 < count <= PARTITIONS_PER_REQUEST_MAX and factor > 0):
+                continue
+            placement = self.controller.place_replicas(topic["name"], count, factor)
+            if placement is None:
+                continue
+            topic["assignments"] = [
+                {"partition_index": index, "broker_ids": list(replicas)}
+                for index, replicas in enumerate(placement)
+            ]
+            topic["num_partitions"] = -1
+            topic["replication_factor"] = -1
+            changed = True
+        if not changed:
+            return ctx
+        return _replace_body(ctx, body)
+
+    # -- AlterConfigs, IncrementalAlterConfigs --------------------------------------------------
+
+    def alter_configs(self, ctx: RequestContext) -> HandlerResult:
+        return self._alter_configs(ctx, incremental=False, forwarded=False)
+
+    def incremental_alter_configs(self, ctx: RequestContext) -> HandlerResult:
+        return self._alter_configs(ctx, incremental=True, forwarded=False)
+
+    def _alter_configs(self, ctx: RequestContext, *, incremental: bool, forwarded: bool
+                       ) -> HandlerResult:
+        """``forwarded``: the request came in an Envelope, so it is never forwarded again."""
+        request = ctx.body
+        if not self.quorum.controller_ready:
+            if self.forward is None or forwarded:
+                return _config_responses(request.resources, errors.NOT_CONTROLLER,
+                                         NOT_CONTROLLER_MESSAGE)
+            return self._forward_alter_configs(ctx)
+        alterations = [_config_alteration(r, incremental) for r in request.resources]
+        copies = Counter((r.resource_type, r.resource_name) for r in request.resources)
+
+        async def alter_all() -> Body:
+            cluster = self.quorum.image.broker_configs.get("")
+            defaults = self.config.topic_defaults(None if cluster is None else cluster.configs)
+            responses = []
+            for alteration in alterations:
+                key = (alteration.resource_type, alteration.resource_name)
+                message: str | None
+                if copies[key] > 1:  # Kafka refuses every copy of a duplicate resource
+                    code, message = errors.INVALID_REQUEST, "Duplicate resource in request."
+                else:
+                    code, message = await self._alter_one(alteration, defaults,
+                                                          request.validate_only)
+                responses.append({"error_code": code, "error_message": message,
+                                  "resource_type": key[0], "resource_name": key[1]})
+            return {"throttle_time_ms": 0, "responses": responses}
+
+        return alter_all
+
+    async def _alter_one(self, alteration: ConfigAlteration, defaults: Mapping[str, str],
+                         validate_only: bool) -> tuple[int, str | None]:
+        try:
+            code, message = await self.controller.alter_configs(
+                alteration, defaults, validate_only=validate_only)
+        except ControllerUnavailableError as exc:
+            return exc.error_code, str(exc)
+        if code != errors.NONE:
+            log.info("%s of %r refused: %s", "IncrementalAlterConfigs" if alteration.incremental
+                     else "AlterConfigs", alteration.resource_name, message)
+        return code, message
+
+    def _forward_alter_configs(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+
+        async def forward_to_controller() -> Body:
+            try:
+                response = await self._forward_enveloped(
+                    ctx, ctx.api, ctx.header.api_version, request.to_dict(),
+                    _any_config_not_controller)
+            except EnvelopeError as exc:
+                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
+                return _config_responses(request.resources, exc.error_code, str(exc))
+            except Exception as exc:  # unreachable controller: retriable for the client
+                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
+                return _config_responses(request.resources, errors.REQUEST_TIMED_OUT,
+                                         f"The controller could not be reached: {exc}")
+            body: Body = response.to_dict()
+            return body
+
+        return forward_to_controller
+
+    # -- Metadata: forward auto-creation to the controller ---------------------------------
+
+    def metadata(self, ctx: RequestContext) -> HandlerResult:
+        request = ctx.body
+        version = ctx.header.api_version
+        if self.quorum.controller_ready or self.forward is None or request.topics is None:
+            return self.apis.metadata(ctx)
+        allow = self.config.auto_create_topics_enable and (
+            version < 4 or request.allow_auto_topic_creation
+        )
+        image = self.quorum.image
+        # A null name (a lookup by topic id) names nothing to create.
+        missing = [t.name for t in request.topics
+                   if t.name is not None and t.name not in image.topics]
+        if not (allow and missing):
+            return self.apis.metadata(ctx)
+        local = ctx
+        if version >= 4:
+            # The topics are created by the controller; never propose them from here.
+            local = _replace_body(ctx, {**request.to_dict(), "allow_auto_topic_creation": False})
+
+        async def forward_then_describe() -> Body:
+            await self._forward_creation(ctx, missing)
+            result = self.apis.metadata(local)
+            if result is not None and not isinstance(result, dict):
+                result = await result()
+            assert result is not None
+            return result
+
+        return forward_then_describe
+
+    async def _forward_creation(self, ctx: RequestContext, names: Sequence[str]) -> None:
+        """CreateTopics for ``names`` in an Envelope carrying the Metadata client's id and
+        correlation id (as Kafka's AutoTopicCreationManager does)."""
+        body = {
+            "topics": [{"name": name, "num_partitions": -1, "replication_factor": -1,
+                        "assignments": [], "configs": []} for name in names],
+            "timeout_ms": int(FORWARD_TIMEOUT_S * 1000),
+            "validate_only": False,
+        }
+        try:
+            response = await self._forward_enveloped(
+                ctx, CREATE_TOPICS, CREATE_TOPICS_FORWARD_VERSION, body,
+                _any_topic_not_controller)
+        except Exception as exc:  # unreachable controller: the client retries Metadata
+            log.info("forwarding auto-creation of %s to the controller failed: %s", names, exc)
+            return
+        created = {t.name for t in response.topics
+                   if t.error_code in (errors.NONE, errors.TOPIC_ALREADY_EXISTS)}
+        with trio.move_on_after(METADATA_PROPAGATION_TIMEOUT_S):
+            while not created <= set(self.quorum.image.topics):
+                with contextlib.suppress(QuorumTimeoutError):
+                    await self.quorum.wait_changed(self.quorum.image.version, timeout_s=0.5)
+
+
+# -- Bodies and helpers ------------------------------------------------------------------------
+
+
+def _replace_body(ctx: RequestContext, body: dict[str, Any]) -> RequestContext:
+    """A copy of ``ctx`` carrying ``body`` (re-encoded, so it is a proper decoded request)."""
+    version = ctx.header.api_version
+    raw = codec.encode_bytes(ctx.api, version, body, is_request=True)
+    decoded = codec.decode(ctx.api, version, raw, is_request=True)
+    return RequestContext(ctx.api, ctx.header, decoded, ctx.peer)
+
+
+def _pick_listener(listeners: Sequence[Struct], name: str) -> Struct | None:
+    for listener in listeners:
+        if listener.name.upper() == name.upper():
+            return listener
+    return listeners[0] if listeners else None
+
+
+def _registration_body(error: int, epoch: int = -1) -> Body:
+    return {"throttle_time_ms": 0, "error_code": error, "broker_epoch": epoch}
+
+
+def _heartbeat_body(error: int, *, is_caught_up: bool = False, is_fenced: bool = True,
+                    should_shut_down: bool = False) -> Body:
+    return {"throttle_time_ms": 0, "error_code": error, "is_caught_up": is_caught_up,
+            "is_fenced": is_fenced, "should_shut_down": should_shut_down}
+
+
+def _allocate_body(error: int, start: int = -1, length: int = 0) -> Body:
+    return {"throttle_time_ms": 0, "error_code": error, "producer_id_start": start,
+            "producer_id_len": length}
+
+
+def _alter_result(item: AlterPartitionRequest, result: AlterPartitionResult) -> Body:
+    partition = result.partition
+    return {
+        "partition_index": item.partition,
+        "error_code": result.error_code,
+        "leader_id": -1 if partition is None else partition.leader,
+        "leader_epoch": -1 if partition is None else partition.leader_epoch,
+        "isr": [] if partition is None else list(partition.isr),
+        "leader_recovery_state": 0,
+        "partition_epoch": -1 if partition is None else partition.partition_epoch,
+    }
+
+
+_BROKER_LEVEL_ERRORS: Final = frozenset({errors.BROKER_ID_NOT_REGISTERED, STALE_BROKER_EPOCH})
+
+
+def _top_level_alter_error(results: dict[str, list[Body]]) -> int | None:
+    """Kafka answers a stale broker epoch for the whole request, not per partition."""
+    for parts in results.values():
+        for part in parts:
+            if part["error_code"] in _BROKER_LEVEL_ERRORS:
+                return int(part["error_code"])
+    return None
+
+
+def _not_controller_results(names: Sequence[str]) -> list[Body]:
+    return [{"name": name, "error_code": errors.NOT_CONTROLLER,
+             "error_message": NOT_CONTROLLER_MESSAGE} for name in names]
+
+
+def _config_alteration(resource: Struct, incremental: bool) -> ConfigAlteration:
+    ops = tuple(
+        ConfigOp(c.name, c.config_operation if incremental else CONFIG_OP_SET, c.value)
+        for c in resource.configs
+    )
+    return ConfigAlteration(resource.resource_type, resource.resource_name, ops, incremental)
+
+
+def _config_responses(resources: Sequence[Struct], code: int, message: str | None) -> Body:
+    responses = [{"error_code": code, "error_message": message,
+                  "resource_type": r.resource_type, "resource_name": r.resource_name}
+                 for r in resources]
+    return {"throttle_time_ms": 0, "responses": responses}
+
+
+def _any_config_not_controller(response: Struct) -> bool:
+    return any(r.error_code == errors.NOT_CONTROLLER for r in response.responses)
+
+
+def _any_topic_not_controller(response: Struct) -> bool:
+    return any(t.error_code == errors.NOT_CONTROLLER for t in response.topics)
+
+
+def _unknown_quorum_partition(index: int) -> Body:
+    return {"partition_index": index, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            "leader_id": -1, "leader_epoch": -1, "high_watermark": -1,
+            "current_voters": [], "observers": []}
+
+
+def _quorum_partition(status: QuorumStatus, error: int) -> Body:
+    now_ms = int(time.time() * 1000)
+
+    def contact_ms(seconds: float | None) -> int:
+        return -1 if seconds is None else now_ms - int(seconds * 1000)
+
+    voters = [
+        {"replica_id": v.node_id,
+         "log_end_offset": -1 if v.match_index is None else v.match_index,
+         "last_fetch_timestamp": contact_ms(v.last_contact_s),
+         "last_caught_up_timestamp": -1 if v.lag != 0 else contact_ms(v.last_contact_s)}
+        for v in status.voters
+    ]  # fmt: skip
+    observers = [
+        {"replica_id": -1 if o.node_id is None else o.node_id,
+         "log_end_offset": -1 if o.match_index is None else o.match_index,
+         "last_fetch_timestamp": -1, "last_caught_up_timestamp": -1}
+        for o in status.observers
+    ]  # fmt: skip
+    return {
+        "partition_index": 0,
+        "error_code": error,
+        "leader_id": -1 if status.leader_node_id is None else status.leader_node_id,
+        "leader_epoch": status.term,
+        "high_watermark": status.commit_index,
+        "current_voters": voters,
+        "observers": observers,
+    }
+
+
+def describe_quorum_request() -> dict[str, Any]:
+    """The DescribeQuorum request body for the metadata partition."""
+    return {"topics": [{"topic_name": METADATA_TOPIC_NAME,
+                        "partitions": [{"partition_index": 0}]}]}
+

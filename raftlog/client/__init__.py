@@ -1,0 +1,1 @@
+"""The project's own Kafka client connection (tools, followers, coordinators)."""

@@ -1,0 +1,1 @@
+"""Partition replication: leader-side ISR management and follower fetchers."""

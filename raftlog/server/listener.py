@@ -1,0 +1,507 @@
+"""The Kafka listener: framing, pipelining and ordered responses over trio sockets.
+
+Each connection has a reader task and a writer task in the connection's own nursery. The
+reader takes frames in arrival order and calls the handler's synchronous part *in that
+order* (so two produce requests on one connection append in the order they were sent), then
+queues a response slot. A handler may return a body at once or an awaitable that finishes it
+later (waiting for fsync, a long-poll fetch, a quorum commit); those run concurrently. The
+writer sends slots strictly in request order, as Kafka requires. The slot queue is bounded,
+which is the per-connection back-pressure.
+
+Node-wide, the bytes of requests being read or handled share one budget,
+``queued.max.request.bytes`` (``request_memory.py``): a frame's buffer is allocated as its
+bytes arrive, each chunk only once the budget allows it, and the frame counts until its
+handler no longer needs it. Readers short of memory stop reading their sockets.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from raftlog.protocol import codec
+from raftlog.protocol.codec import Api, DecodeError, Region
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import API_VERSIONS, APIS_BY_KEY
+from raftlog.protocol.schemas_security import SECURITY_APIS
+from raftlog.security.session import Session
+from raftlog.server.request_memory import (
+    FRAME_BUFFER_BYTES,
+    QUEUED_MAX_REQUEST_BYTES_DEFAULT,
+    FrameLease,
+    RequestMemory,
+)
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+INFLIGHT_REQUESTS_MAX = 64
+SEND_TIMEOUT_S = 30.0
+# Frames up to this size get a buffer of their exact size; bigger ones start in a recycled
+# buffer of FRAME_BUFFER_BYTES (see request_memory.py).
+SMALL_FRAME_BYTES = 64 << 10
+
+Body = dict[str, Any]
+Deferred = Callable[[], Awaitable[Body | None]]
+# A handler returns a body, None (no response: produce with acks=0) or a Deferred.
+HandlerResult = Body | Deferred | None
+
+
+class Handler(Protocol):
+    def __call__(self, request: RequestContext) -> HandlerResult: ...
+
+
+class FileRegion(Region, Protocol):
+    """A region backed by a file descriptor that the writer sends with sendfile."""
+
+    fd: int
+    position: int
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    api: Api
+    header: codec.RequestHeader
+    body: codec.Struct
+    peer: str
+    # The connection's identity (anonymous unless it authenticated); requests made inside the
+    # node (a local controller call) carry a session of the node itself.
+    session: Session = field(default_factory=lambda: Session("?"))
+
+
+_SASL_KEYS = frozenset(api.key for api in SECURITY_APIS)
+
+
+@dataclass
+class _Slot:
+    api: Api
+    version: int
+    correlation_id: int
+    lease: FrameLease  # the request's bytes, counted until its handler is done with them
+    done: trio.Event = field(default_factory=trio.Event)
+    body: Body | None = None
+    respond: bool = True
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    request_bytes_max: int  # socket.request.max.bytes
+    idle_ms_max: int  # connections.max.idle.ms
+    queued_request_bytes_max: int = QUEUED_MAX_REQUEST_BYTES_DEFAULT  # queued.max.request.bytes
+
+
+class ConnectionClosed(Exception):
+    """The peer closed or broke the protocol; the connection is dropped."""
+
+
+async def serve_connection(
+    stream: trio.SocketStream, handlers: dict[int, Handler], limits: ListenerLimits,
+    memory: RequestMemory | None = None,
+) -> None:
+    """Serves one client connection until it closes, idles out or breaks the protocol.
+
+    ``memory`` is the node's budget of request bytes, shared by all its connections.
+    """
+    peer = _peer_name(stream)
+    session = Session(peer)
+    if memory is None:
+        memory = RequestMemory(limits.queued_request_bytes_max)
+    send_slots, receive_slots = trio.open_memory_channel[_Slot](INFLIGHT_REQUESTS_MAX)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_write_responses, stream, receive_slots, peer)
+            async with send_slots:
+                await _read_requests(stream, handlers, limits, send_slots, nursery, session,
+                                     memory)
+    except* ConnectionClosed as group:
+        log.warning("closing connection from %s: %s", peer, group.exceptions[0])
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError) as group:
+        log.debug("connection from %s broke: %s", peer, group.exceptions[0])
+    except* trio.TooSlowError:
+        log.warning("closing connection from %s: send or receive timed out", peer)
+    except* Exception as group:
+        # A handler bug must cost one connection, never the node.
+        log.error("closing connection from %s after an internal error", peer,
+                  exc_info=group.exceptions[0])
+    finally:
+        with trio.move_on_after(1) as cleanup:
+            cleanup.shield = True
+            await stream.aclose()
+
+
+def _peer_name(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+async def _read_requests(
+    stream: trio.SocketStream,
+    handlers: dict[int, Handler],
+    limits: ListenerLimits,
+    slots: trio.MemorySendChannel[_Slot],
+    nursery: trio.Nursery,
+    session: Session,
+    memory: RequestMemory,
+) -> None:
+    peer = session.peer
+    reader = _FrameReader(stream.socket, limits, session, memory)
+    while True:
+        try:
+            slot = await _next_request(reader, handlers, nursery, session)
+            if slot is None:
+                return
+        except ConnectionClosed as exc:
+            # Requests read before the bad one were already handled (a produce may be in the
+            # log), so their responses still go out, in order, before the close: otherwise a
+            # client that pipelined a produce never learns it was appended and retries it.
+            # Returning closes the slot channel; the writer drains it and the connection ends.
+            log.warning("closing connection from %s: %s", peer, exc)
+            return
+        await slots.send(slot)
+
+
+@dataclass
+class _Frame:
+    buffer: bytearray  # the frame is its first ``size`` bytes (a recycled buffer is longer)
+    size: int
+    lease: FrameLease
+    recyclable: bool = False
+
+    def view(self) -> memoryview:
+        return memoryview(self.buffer)[:self.size]
+
+
+async def _next_request(
+    reader: _FrameReader, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session
+) -> _Slot | None:
+    """Reads and dispatches the next frame. Kept apart from the reading loop so that no
+    variable of the loop keeps a frame alive after its lease is given back."""
+    frame = await reader.next_frame()
+    if frame is None:
+        return None
+    try:
+        slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease)
+    except BaseException:
+        frame.lease.release()
+        raise
+    viewed = _is_viewed(frame.buffer)
+    if slot.done.is_set() or not viewed:
+        # The handler is done with the request's bytes (Produce has appended its records,
+        # and what waits for the acknowledgement keeps no view of them): stop counting them.
+        # A deferred part still holding a view gives the lease back when it finishes.
+        frame.lease.release()
+    if frame.recyclable and not viewed:
+        reader.recycle(frame.buffer)
+    return slot
+
+
+def _is_viewed(data: bytearray) -> bool:
+    """Whether anything still holds a memoryview of ``data``. A bytearray cannot change size
+    while it is viewed, so taking its last byte off and putting it back (in place, without a
+    reallocation: O(1)) answers without keeping track of every view a handler made."""
+    try:
+        last = data.pop()
+    except BufferError:
+        return True
+    data.append(last)
+    return False
+
+
+def _dispatch(
+    frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session,
+    lease: FrameLease,
+) -> _Slot:
+    key, version, correlation_id = codec.peek_request_header(frame)
+    api = APIS_BY_KEY.get(key)
+    if api is None or key not in handlers:
+        raise ConnectionClosed(f"unknown API key {key} (v{version}, correlation {correlation_id})")
+    if not session.may_send(key, _SASL_KEYS):
+        # Kafka: after a failed authentication, or during a SASL exchange, any other request
+        # closes the connection.
+        raise ConnectionClosed(f"{api.name} not allowed in SASL state {session.sasl_state.value}")
+    slot = _Slot(api, version, correlation_id, lease)
+    if not api.supports(version):
+        if api is API_VERSIONS:
+            # KIP-511: answer with a v0 body carrying UNSUPPORTED_VERSION and our ranges.
+            slot.version = 0
+            slot.body = api_versions_body(ErrorCode.UNSUPPORTED_VERSION, handlers)
+            slot.done.set()
+            return slot
+        raise ConnectionClosed(f"unsupported {api.name} version {version}")
+    try:
+        header, pos = codec.decode_request_header(frame, api.is_flexible(version))
+        body = codec.decode(api, version, frame[pos:], is_request=True, allow_trailing=True)
+    except DecodeError as exc:
+        raise ConnectionClosed(f"malformed {api.name} v{version} request: {exc}") from exc
+    result = handlers[key](RequestContext(api, header, body, session.peer, session))
+    _complete(slot, result, nursery)
+    return slot
+
+
+def _complete(slot: _Slot, result: HandlerResult, nursery: trio.Nursery) -> None:
+    if result is None:
+        slot.respond = False
+        slot.done.set()
+    elif isinstance(result, dict):
+        slot.body = result
+        slot.done.set()
+    else:
+        nursery.start_soon(_finish_deferred, slot, result)
+
+
+async def _finish_deferred(slot: _Slot, deferred: Deferred) -> None:
+    try:
+        body = await deferred()
+    finally:
+        slot.done.set()  # the writer must never wait forever on a failed handler
+        slot.lease.release()
+    if body is None:
+        slot.respond = False
+    slot.body = body
+
+
+def api_versions_body(error: ErrorCode, handlers: dict[int, Handler]) -> Body:
+    keys = [
+        {"api_key": api.key, "min_version": api.min_version, "max_version": api.advertised_max}
+        for api in sorted(APIS_BY_KEY.values(), key=lambda a: a.key)
+        if api.key in handlers and not api.internal
+    ]
+    return {"error_code": int(error), "api_keys": keys, "throttle_time_ms": 0}
+
+
+class _FrameReader:
+    """Reads size-prefixed frames with recv_into, growing each frame's buffer as its bytes
+    arrive: never a buffer of the declared size before the bytes exist, so a peer that
+    announces a big frame and sends little holds little memory."""
+
+    def __init__(self, sock: trio.socket.SocketType, limits: ListenerLimits,
+                 session: Session, memory: RequestMemory) -> None:
+        self._sock = sock
+        self._limits = limits
+        self._session = session
+        self._memory = memory
+        self._waiting_for_memory = False
+        # A negative connections.max.idle.ms (the config accepts -1) disables the idle
+        # timeout, as in Kafka; trio refuses negative timeouts, so it must become "never".
+        idle_ms = limits.idle_ms_max
+        self._idle_s = idle_ms / 1000 if idle_ms >= 0 else math.inf
+
+    async def next_frame(self) -> _Frame | None:
+        """The next frame with its lease on the node's request memory, or None at EOF."""
+        size = await self._next_size()
+        if size is None:
+            return None
+        lease = self._memory.lease()
+        try:
+            return await self._read_body_in_time(size, lease)
+        except BaseException:
+            lease.release()
+            raise
+
+    def recycle(self, buffer: bytearray) -> None:
+        self._memory.recycle(buffer)
+
+    async def _read_body_in_time(self, size: int, lease: FrameLease) -> _Frame:
+        self._waiting_for_memory = False
+        with trio.move_on_after(self._idle_s):
+            return await self._read_body(size, lease)
+        if self._waiting_for_memory:
+            raise ConnectionClosed(f"no memory for a {size}-byte request within"
+                                   f" {self._idle_s:g} s (queued.max.request.bytes)")
+        # Said plainly (a bare TooSlowError logged only "send or receive timed out").
+        raise ConnectionClosed(f"only part of a {size}-byte request arrived within"
+                               f" {self._idle_s:g} s (connections.max.idle.ms)")
+
+    async def _next_size(self) -> int | None:
+        with trio.move_on_after(self._idle_s) as idle:
+            prefix = await self._read_prefix()
+        if idle.cancelled_caught:
+            raise ConnectionClosed(f"idle for {self._idle_s:g} s (connections.max.idle.ms)")
+        if prefix is None:
+            return None
+        size: int = _SIZE.unpack(prefix)[0]
+        if size < 8 or size > self._limits.request_bytes_max:
+            raise ConnectionClosed(
+                f"frame of {size} bytes outside [8, {self._limits.request_bytes_max}]"
+                " (socket.request.max.bytes)"
+            )
+        pre_auth_max = self._session.frame_bytes_max
+        if pre_auth_max is not None and size > pre_auth_max:
+            raise ConnectionClosed(f"frame of {size} bytes during authentication"
+                                   f" (limit {pre_auth_max})")
+        return size
+
+    async def _read_prefix(self) -> bytearray | None:
+        prefix = bytearray(4)
+        have = 0
+        while have < 4:
+            received = await self._sock.recv_into(memoryview(prefix)[have:], 4 - have)
+            if received == 0:
+                if have == 0:
+                    return None
+                raise ConnectionClosed("peer closed the connection mid-frame")
+            have += received
+        return prefix
+
+    async def _read_body(self, size: int, lease: FrameLease) -> _Frame:
+        if size <= SMALL_FRAME_BYTES:
+            await self._reserve(lease, size)
+            return _Frame(await self._fill(bytearray(size)), size, lease)
+        await self._reserve(lease, FRAME_BUFFER_BYTES)
+        first = self._memory.frame_buffer()
+        if size <= len(first):  # the common produce request: one buffer, no copy
+            await self._fill(first, size)
+            return _Frame(first, size, lease, recyclable=True)
+        chunks = [await self._fill(first)]
+        await self._read_more_chunks(chunks, size, lease)
+        # The codec needs the frame in one piece: one copy, counted against the budget
+        # until the chunks are gone.
+        await self._reserve(lease, size)
+        frame = bytearray().join(chunks)
+        chunks.clear()
+        self._memory.recycle(first)
+        lease.shrink(lease.held - size)
+        return _Frame(frame, size, lease)
+
+    async def _read_more_chunks(self, chunks: list[bytearray], size: int,
+                                lease: FrameLease) -> None:
+        """The rest of a big frame in chunks that double as its bytes arrive, each allocated
+        only once the budget grants it: a frame holds at most about twice what its peer has
+        sent, never the size it declared."""
+        have = sum(len(chunk) for chunk in chunks)
+        while have < size:
+            nbytes = min(size - have, max(FRAME_BUFFER_BYTES, have))
+            await self._reserve(lease, nbytes)
+            chunks.append(await self._fill(bytearray(nbytes)))
+            have += nbytes
+
+    async def _reserve(self, lease: FrameLease, nbytes: int) -> None:
+        # Waiting here stops reading this socket: the back-pressure on the peer.
+        self._waiting_for_memory = True
+        await lease.grow(nbytes)
+        self._waiting_for_memory = False
+
+    async def _fill(self, buffer: bytearray, size: int | None = None) -> bytearray:
+        """Receives exactly ``size`` bytes (all of ``buffer`` by default) into ``buffer``."""
+        size = len(buffer) if size is None else size
+        view = memoryview(buffer)
+        have = 0
+        while have < size:
+            received = await self._sock.recv_into(view[have:size], size - have)
+            if received == 0:
+                raise ConnectionClosed("peer closed the connection mid-frame")
+            have += received
+        view.release()  # the buffer may be joined, checked for views or recycled later
+        return buffer
+
+
+async def _write_responses(
+    stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot], peer: str
+) -> None:
+    async with slots:
+        async for slot in slots:
+            await slot.done.wait()
+            if not slot.respond:
+                continue
+            if slot.body is None:
+                raise ConnectionClosed(f"{slot.api.name} handler failed")
+            chunks = _encode_response(slot)
+            with trio.fail_after(SEND_TIMEOUT_S):
+                await _send_chunks(stream, chunks)
+
+
+def _encode_response(slot: _Slot) -> list[bytes | bytearray | memoryview | Region]:
+    assert slot.body is not None
+    # KIP-511: the ApiVersions response header is always v0, even at flexible versions.
+    flexible_header = slot.api.is_flexible(slot.version) and slot.api is not API_VERSIONS
+    header = codec.encode_response_header(slot.correlation_id, flexible_header)
+    body = codec.encode(slot.api, slot.version, slot.body, is_request=False)
+    size = len(header) + sum(_chunk_size(c) for c in body)
+    return [_SIZE.pack(size) + header, *body]
+
+
+def _chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return len(chunk)
+    return chunk.size_bytes
+
+
+async def _send_chunks(
+    stream: trio.SocketStream, chunks: list[bytes | bytearray | memoryview | Region]
+) -> None:
+    """Sends bytes with send_all and file regions with sendfile, closing every region."""
+    pending = bytearray()
+    try:
+        for chunk in chunks:
+            if isinstance(chunk, bytes | bytearray | memoryview):
+                pending += chunk
+                continue
+            if pending:
+                await stream.send_all(pending)
+                pending = bytearray()
+            await _sendfile(stream, chunk)  # type: ignore[arg-type]
+        if pending:
+            await stream.send_all(pending)
+    finally:
+        for chunk in chunks:
+            close = getattr(chunk, "close", None)
+            if close is not None and not isinstance(chunk, bytes | bytearray | memoryview):
+                close()
+
+
+async def _sendfile(stream: trio.SocketStream, region: FileRegion) -> None:
+    sock = stream.socket
+    offset = region.position
+    remaining = region.size_bytes
+    while remaining > 0:
+        try:
+            sent = os.sendfile(sock.fileno(), region.fd, offset, remaining)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            raise
+        if sent == 0:
+            raise ConnectionClosed("file region shorter than expected (segment truncated?)")
+        offset += sent
+        remaining -= sent
+    await trio.lowlevel.checkpoint()
+
+
+async def serve_listener(
+    host: str,
+    port: int,
+    handlers: dict[int, Handler],
+    limits: ListenerLimits,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listens on host:port and serves every connection in this task's own nursery."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound_port = listeners[0].socket.getsockname()[1]
+    log.info("Kafka listener on %s:%d", host, bound_port)
+
+    memory = RequestMemory(limits.queued_request_bytes_max)  # one budget for the node
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await serve_connection(stream, handlers, limits, memory)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(bound_port)

@@ -1,0 +1,148 @@
+"""SaslHandshake and SaslAuthenticate handlers, and the ClusterAction gate.
+
+The handlers step the connection's ``Session`` (``raftlog.security.session``). The gate wraps
+the handler of every API that only nodes send nodes (KRaft's broker-to-controller RPCs,
+Envelope, WriteTxnMarkers) so that a request from a principal without ClusterAction on the
+cluster gets CLUSTER_AUTHORIZATION_FAILED (the error Kafka's ControllerApis and KafkaApis
+return) and a log line naming the peer, and never reaches the handler. Requests that are
+cluster actions only for some field values (Fetch and OffsetForLeaderEpoch with a replica
+id, AddPartitionsToTxn verify_only) call ``require_cluster_action`` themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from raftlog.metadata.image import MetadataImage
+from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.schemas import (
+    ALLOCATE_PRODUCER_IDS,
+    ALTER_PARTITION,
+    BROKER_HEARTBEAT,
+    BROKER_REGISTRATION,
+    ENVELOPE,
+)
+from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
+from raftlog.protocol.schemas_txn import WRITE_TXN_MARKERS
+from raftlog.security.session import (
+    BROKER_EPOCH_EXTENSION,
+    CLUSTER_MECHANISM,
+    ClusterAuthorizer,
+    ClusterCredentials,
+    KafkaPrincipal,
+    Operation,
+    ResourceType,
+    SaslState,
+    Session,
+    broker_user,
+)
+from raftlog.server.listener import Handler, HandlerResult, RequestContext
+
+log = logging.getLogger(__name__)
+Body = dict[str, Any]
+_CLUSTER_DENIED: Final = int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+
+
+class SaslApis:
+    """Serves the SASL exchange with the cluster's own credentials (None: nobody can
+    authenticate, e.g. a single node without ``raft.secret``)."""
+
+    def __init__(self, credentials: ClusterCredentials | None) -> None:
+        self._credentials = credentials
+
+    def handlers(self) -> dict[int, Handler]:
+        table: dict[int, Callable[[RequestContext], HandlerResult]] = {
+            SASL_HANDSHAKE.key: self.handshake, SASL_AUTHENTICATE.key: self.authenticate}
+        return dict(table)
+
+    def handshake(self, ctx: RequestContext) -> HandlerResult:
+        error = ctx.session.handshake(ctx.body.mechanism, self._credentials)
+        mechanisms = [CLUSTER_MECHANISM] if self._credentials is not None else []
+        if error:
+            log.warning("SaslHandshake from %s refused (%s, mechanism %r)", ctx.peer,
+                        ErrorCode(error).name, ctx.body.mechanism)
+        return {"error_code": error, "mechanisms": mechanisms}
+
+    def authenticate(self, ctx: RequestContext) -> HandlerResult:
+        error, auth_bytes, message = ctx.session.authenticate(bytes(ctx.body.auth_bytes))
+        return {"error_code": error, "error_message": message, "auth_bytes": auth_bytes,
+                "session_lifetime_ms": 0}
+
+
+class ClusterActionGate:
+    """Answers for the authorizer on the request path (one instance per node)."""
+
+    def __init__(self, authorizer: ClusterAuthorizer | None = None) -> None:
+        self.authorizer = authorizer or ClusterAuthorizer()
+        self.denied_requests = 0  # refused cluster actions, for the metrics to come
+
+    def allows(self, ctx: RequestContext) -> bool:
+        """Whether ``ctx``'s principal holds ClusterAction; logs and counts a refusal."""
+        if self.authorizer.authorize(ctx.session, Operation.CLUSTER_ACTION,
+                                     ResourceType.CLUSTER):
+            return True
+        self.denied_requests += 1
+        log.warning("refused %s from %s (%s): ClusterAction on the cluster is for cluster"
+                    " members, who authenticate with raft.secret", ctx.api.name, ctx.peer,
+                    ctx.session.principal)
+        return False
+
+    def wrap(self, handlers: dict[int, Handler]) -> dict[int, Handler]:
+        """``handlers`` with every node-to-node API behind the gate."""
+        wrapped = dict(handlers)
+        for key, denied in _DENIED_BODIES.items():
+            inner = handlers.get(key)
+            if inner is not None:
+                wrapped[key] = self._guard(inner, denied)
+        return wrapped
+
+    def _guard(self, inner: Handler, denied: Callable[[RequestContext], Body]) -> Handler:
+        def guarded(request: RequestContext) -> HandlerResult:
+            if not self.allows(request):
+                return denied(request)
+            return inner(request)
+
+        return guarded
+
+
+def _markers_denied(ctx: RequestContext) -> Body:
+    return {"markers": [
+        {"producer_id": marker.producer_id, "topics": [
+            {"name": topic.name, "partitions": [
+                {"partition_index": index, "error_code": _CLUSTER_DENIED}
+                for index in topic.partition_indexes]}
+            for topic in marker.topics]}
+        for marker in ctx.body.markers]}
+
+
+_DENIED_BODIES: Final[dict[int, Callable[[RequestContext], Body]]] = {
+    BROKER_REGISTRATION.key: lambda ctx: {
+        "throttle_time_ms": 0, "error_code": _CLUSTER_DENIED, "broker_epoch": -1},
+    BROKER_HEARTBEAT.key: lambda ctx: {
+        "throttle_time_ms": 0, "error_code": _CLUSTER_DENIED, "is_caught_up": False,
+        "is_fenced": True, "should_shut_down": False},
+    ALTER_PARTITION.key: lambda ctx: {
+        "throttle_time_ms": 0, "error_code": _CLUSTER_DENIED, "topics": []},
+    ALLOCATE_PRODUCER_IDS.key: lambda ctx: {
+        "throttle_time_ms": 0, "error_code": _CLUSTER_DENIED, "producer_id_start": -1,
+        "producer_id_len": 0},
+    ENVELOPE.key: lambda ctx: {"response_data": None, "error_code": _CLUSTER_DENIED},
+    WRITE_TXN_MARKERS.key: _markers_denied,
+}
+
+
+def local_session(node_id: int) -> Session:
+    """The session of a request a node makes of itself (no network, no exchange)."""
+    return Session("in-process", KafkaPrincipal("User", broker_user(node_id)),
+                   broker_id=node_id, sasl_state=SaslState.AUTHENTICATED)
+
+
+def broker_epoch_extension(image: MetadataImage, node_id: int, incarnation_id: str
+                           ) -> dict[str, str]:
+    """The SCRAM extension a broker's connections claim (KIP-903's replica epoch): the epoch
+    of this incarnation's registration once ``image`` holds it, else -1."""
+    me = image.brokers.get(node_id)
+    epoch = me.epoch if me is not None and me.incarnation_id == incarnation_id else -1
+    return {BROKER_EPOCH_EXTENSION: str(epoch)}

@@ -1,0 +1,3 @@
+"""Command-line tools: topics, console produce/consume, consumer groups, transactions, cluster up,
+demo.
+"""
