@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_connector import offsets as off
+import spark_connector.offsets as off
 from spark_connector.cluster import Cluster
 from spark_connector.errors import RaftLogDataLossError, RaftLogOptionError
 from spark_connector.options import (
