@@ -65,8 +65,8 @@ _MAX_TIMESTAMP_OFFSET = 35
 
 _COMPRESSION_CODEC_MASK = 0x07
 _TIMESTAMP_TYPE_BIT = 0x08
-_TRANSACTIONAL_BIT = 0x10
-_CONTROL_BIT = 0x20
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
 
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
@@ -119,11 +119,11 @@ class BatchHeader:
 
     @property
     def is_transactional(self) -> bool:
-        return bool(self.attributes & _TRANSACTIONAL_BIT)
+        return bool(self.attributes & TRANSACTIONAL_BIT)
 
     @property
     def is_control(self) -> bool:
-        return bool(self.attributes & _CONTROL_BIT)
+        return bool(self.attributes & CONTROL_BIT)
 
 
 def parse_header(buf: Buffer, position: int = 0) -> BatchHeader:

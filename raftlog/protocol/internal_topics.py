@@ -18,15 +18,35 @@ from typing import Final
 __all__ = [
     "INTERNAL_TOPICS",
     "OFFSETS_TOPIC",
+    "OFFSETS_TOPIC_PARTITIONS",
     "TRANSACTION_STATE_TOPIC",
     "UndecodableRecords",
     "cleanup_policy_refusal",
+    "coordinator_partition",
     "is_internal_topic",
+    "java_string_hash",
 ]
 
 OFFSETS_TOPIC: Final = "__consumer_offsets"
 TRANSACTION_STATE_TOPIC: Final = "__transaction_state"
 INTERNAL_TOPICS: Final = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
+OFFSETS_TOPIC_PARTITIONS: Final = 10  # Kafka: offsets.topic.num.partitions=50
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: over UTF-16 code units, with int32 overflow."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinator_partition(key: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(key.hashCode) % partitions``: the internal-topic partition, and so
+    the coordinator, of a group id or a transactional id (``Utils.abs(MIN_VALUE)`` is 0)."""
+    h = java_string_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
 def is_internal_topic(name: str) -> bool:
