@@ -49,7 +49,8 @@ from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
-from raftlog.quorum.local import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
+from raftlog.quorum.interface import Quorum, QuorumTimeoutError
+from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.replication.manager import ReplicaManager, ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.server.listener import (

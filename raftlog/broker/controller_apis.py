@@ -76,7 +76,7 @@ from raftlog.protocol.schemas import (
     INCREMENTAL_ALTER_CONFIGS,
     METADATA,
 )
-from raftlog.quorum.local import Quorum, QuorumStatus, QuorumTimeoutError
+from raftlog.quorum.interface import Quorum, QuorumStatus, QuorumTimeoutError
 from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 
 log = logging.getLogger(__name__)

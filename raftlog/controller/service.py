@@ -43,7 +43,7 @@ from raftlog.metadata.image import PartitionImage
 from raftlog.metadata.placement import PlacementError
 from raftlog.metadata.records import FenceBroker, PartitionChange, ProducerIdBlock, UnfenceBroker
 from raftlog.metadata.state import ApplyResult
-from raftlog.quorum.local import (
+from raftlog.quorum.interface import (
     NotControllerError,
     ProposalTimeoutError,
     Quorum,

@@ -1,6 +1,6 @@
 """``RaftQuorum``: the metadata quorum replicated by Raft (pysyncobj), bridged to trio.
 
-Same :class:`~raftlog.quorum.local.Quorum` interface as ``LocalQuorum``; use it as
+Same :class:`~raftlog.quorum.interface.Quorum` interface as ``LocalQuorum``; use it as
 ``async with RaftQuorum.from_config(config) as quorum:`` from ``trio.run`` in the main thread.
 
 Threads. pysyncobj runs its own tick thread (``autoTick``): it does the networking, appends and
@@ -13,7 +13,7 @@ builds a new immutable image; the trio side swaps one reference and wakes waiter
 Controller. When this node becomes Raft leader its tick thread proposes
 ``BecomeController(term=raft term, node_id)``. ``controller_ready`` is true only while this node is
 leader *and* that record for the current term is applied; ``propose`` raises
-:class:`~raftlog.quorum.local.NotControllerError` everywhere else. Every command carries the
+:class:`~raftlog.quorum.interface.NotControllerError` everywhere else. Every command carries the
 controller term, and the state machine rejects a command from an older term (NOT_CONTROLLER): a
 deposed leader that still believes it leads cannot change the image.
 
@@ -53,8 +53,7 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.records import BecomeController, Command, Record, encode_command
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
 from raftlog.quorum import logfile
-from raftlog.quorum.local import (
-    PENDING_MAX_DEFAULT,
+from raftlog.quorum.interface import (
     PROPOSE_TIMEOUT_S_DEFAULT,
     NotControllerError,
     ObserverStatus,
@@ -67,6 +66,7 @@ from raftlog.quorum.local import (
     QuorumTimeoutError,
     VoterStatus,
 )
+from raftlog.quorum.local import PENDING_MAX_DEFAULT
 from raftlog.quorum.raft_storage import (
     MetaPropertiesError,
     RaftStorageError,

@@ -21,7 +21,7 @@ from pysyncobj.config import FAIL_REASON
 from raftlog.config import QuorumVoter, ServerConfig
 from raftlog.metadata import errors
 from raftlog.metadata.records import BecomeController, RegisterBroker
-from raftlog.quorum.local import (
+from raftlog.quorum.interface import (
     NotControllerError,
     Quorum,
     QuorumBusyError,

@@ -53,13 +53,8 @@ from raftlog.protocol.schemas import (
     DELETE_TOPICS,
     DESCRIBE_QUORUM,
 )
-from raftlog.quorum.local import (
-    PROPOSE_TIMEOUT_S_DEFAULT,
-    LocalNode,
-    LocalQuorum,
-    NotControllerError,
-    QuorumStatus,
-)
+from raftlog.quorum.interface import PROPOSE_TIMEOUT_S_DEFAULT, NotControllerError, QuorumStatus
+from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.server.listener import ListenerLimits, serve_listener
 
 SESSION_MS: Final = 600

@@ -42,13 +42,12 @@ from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, RequestHeader, Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import ALLOCATE_PRODUCER_IDS, INIT_PRODUCER_ID
-from raftlog.quorum.local import (
+from raftlog.quorum.interface import (
     PROPOSE_TIMEOUT_S_DEFAULT,
-    LocalNode,
-    LocalQuorum,
     NotControllerError,
     ProposalTimeoutError,
 )
+from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.server.listener import Body, RequestContext
 from raftlog.txn.init_producer_id import EPOCH_EXHAUSTED, ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
