@@ -67,21 +67,14 @@ from raftlog.quorum.interface import (
     VoterStatus,
 )
 from raftlog.quorum.local import PENDING_MAX_DEFAULT
+from raftlog.quorum.raft_events import CANDIDATE, LEADER, RaftListener, RaftView, Submission
+from raftlog.quorum.raft_settings import RaftSettings
 from raftlog.quorum.raft_storage import (
     MetaPropertiesError,
     RaftStorageError,
     check_meta_properties,
 )
-from raftlog.quorum.raft_syncobj import (
-    CANDIDATE,
-    LEADER,
-    RaftListener,
-    RaftSettings,
-    RaftSyncObj,
-    RaftView,
-    Submission,
-    make_syncobj,
-)
+from raftlog.quorum.raft_syncobj import RaftSyncObj, make_syncobj
 from raftlog.quorum.raft_transport import OBSERVER_PREFIX, RAFT_COMMAND_MAX_BYTES
 
 __all__ = ["RaftConfigError", "RaftQuorum", "RaftSettings"]

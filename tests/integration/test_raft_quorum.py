@@ -29,8 +29,8 @@ from raftlog.quorum.interface import (
     QuorumFailedError,
 )
 from raftlog.quorum.raft import RaftConfigError, RaftQuorum
+from raftlog.quorum.raft_settings import RaftSettings
 from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.quorum.raft_syncobj import RaftSettings
 from raftlog.quorum.raft_testing import (
     SECRET,
     free_port,
