@@ -26,9 +26,9 @@ from typing import Any, Final
 import trio
 
 from jepsen.net import Net
-from raftlog.broker.controller_apis import describe_quorum_request
 from raftlog.client.connection import KafkaClientError, KafkaConnection
 from raftlog.clock import ENV_OFFSET_FILE
+from raftlog.controller.rpcs import describe_quorum_request
 from raftlog.protocol.schemas import DESCRIBE_QUORUM, METADATA
 from raftlog.tools.cluster import ClusterLayout, node_directory, node_properties, prepare, probe
 

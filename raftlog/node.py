@@ -41,6 +41,7 @@ from raftlog.broker.lifecycle import (
 from raftlog.client.connection import ClusterLogin
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ServerConfig
+from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
@@ -49,7 +50,8 @@ from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
-from raftlog.quorum.local import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
+from raftlog.quorum.interface import Quorum, QuorumTimeoutError
+from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.replication.manager import ReplicaManager, ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.server.listener import (
@@ -158,6 +160,7 @@ class Node:
         apis = KafkaApis(config, quorum, self.manager, replicas, gate=gate)
         apis.metadata_caught_up = lambda: _registered_in_image(quorum, lifecycle, is_broker)
         controller = ControllerService(quorum, settings_from_config(self._configured))
+        controller_rpcs = ControllerRpcs(config, quorum, controller)
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
         producer_ids = ProducerIdManager(lifecycle.allocate_block)
         # --- consumer groups (raftlog.group): group APIs + FindCoordinator ---
@@ -165,7 +168,8 @@ class Node:
         self.groups = groups
         producer_apis = ProducerApis(producer_ids)
         handlers = _merge_handlers(
-            apis.handlers(), producer_apis.handlers(), controller_apis.handlers(),
+            apis.handlers(), producer_apis.handlers(), controller_rpcs.handlers(),
+            controller_apis.handlers(),
             groups.handlers, SaslApis(credentials).handlers(),
         )
         # --- transactions (raftlog.txn): coordinator, txn handlers, produce verification ---
@@ -175,7 +179,7 @@ class Node:
             pending_offsets=groups.service.txn_offsets,
             settings=TxnSettings.from_config(config), gate=gate, login=login)
         # --- end transactions ---
-        channel.set_local_handlers(controller_apis.handlers())
+        channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()

@@ -48,7 +48,7 @@ from raftlog.protocol.schemas import (
     OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
 )
-from raftlog.quorum.local import Quorum, QuorumError, QuorumTimeoutError
+from raftlog.quorum.interface import Quorum, QuorumError, QuorumTimeoutError
 from raftlog.replication.manager import ReplicaManager
 from raftlog.server.listener import (
     Body,

@@ -46,7 +46,7 @@ from raftlog.protocol.schemas import (
     BROKER_HEARTBEAT,
     BROKER_REGISTRATION,
 )
-from raftlog.quorum.local import Quorum, QuorumTimeoutError
+from raftlog.quorum.interface import Quorum, QuorumTimeoutError
 from raftlog.security.session import Session
 from raftlog.server.listener import Handler, RequestContext
 from raftlog.server.sasl import local_session

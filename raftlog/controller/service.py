@@ -4,7 +4,7 @@
 and its ``BecomeController`` for the term is applied), then runs one *active term*: a fresh
 core, a reconciliation loop that proposes the core's records, and a watcher that cancels the
 term the moment leadership is lost or the image moves to another controller term. Requests
-from brokers (served by :mod:`raftlog.broker.controller_apis`) call the ``register`` /
+from brokers (served by :mod:`raftlog.controller.rpcs`) call the ``register`` /
 ``heartbeat`` / ``alter_partition`` / ``allocate_producer_ids`` methods, which raise
 :class:`ControllerUnavailableError` with NOT_CONTROLLER when no term is active here.
 
@@ -43,7 +43,7 @@ from raftlog.metadata.image import PartitionImage
 from raftlog.metadata.placement import PlacementError
 from raftlog.metadata.records import FenceBroker, PartitionChange, ProducerIdBlock, UnfenceBroker
 from raftlog.metadata.state import ApplyResult
-from raftlog.quorum.local import (
+from raftlog.quorum.interface import (
     NotControllerError,
     ProposalTimeoutError,
     Quorum,

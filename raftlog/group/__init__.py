@@ -15,7 +15,7 @@ from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
 from raftlog.group.service import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, GroupService
 from raftlog.partition.manager import PartitionManager
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.server.find_coordinator import CoordinatorApis, CoordinatorLookup
 from raftlog.server.listener import Handler
 

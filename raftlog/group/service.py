@@ -55,7 +55,7 @@ from raftlog.protocol.schemas_group import (
     SYNC_GROUP,
 )
 from raftlog.protocol.schemas_txn import TXN_OFFSET_COMMIT
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.server.find_coordinator import CoordinatorLocation
 from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 

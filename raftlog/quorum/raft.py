@@ -1,19 +1,20 @@
 """``RaftQuorum``: the metadata quorum replicated by Raft (pysyncobj), bridged to trio.
 
-Same :class:`~raftlog.quorum.local.Quorum` interface as ``LocalQuorum``; use it as
+Same :class:`~raftlog.quorum.interface.Quorum` interface as ``LocalQuorum``; use it as
 ``async with RaftQuorum.from_config(config) as quorum:`` from ``trio.run`` in the main thread.
 
 Threads. pysyncobj runs its own tick thread (``autoTick``): it does the networking, appends and
 fsyncs the journal, applies committed entries to the state machine and fires callbacks. Nothing
 here blocks trio on Raft or calls Raft synchronously from the tick thread: proposals are queued
-with a callback, and the tick thread hands results back with ``TrioToken.run_sync_soon``. Applying
-builds a new immutable image; the trio side swaps one reference and wakes waiters, exactly like
-``LocalQuorum`` (an image is published before the result of the command that produced it).
+with a callback, and the tick thread hands results back with ``TrioToken.run_sync_soon``
+(:mod:`raftlog.quorum.raft_bridge`). Applying builds a new immutable image; the trio side swaps
+one reference and wakes waiters, exactly like ``LocalQuorum`` (an image is published before the
+result of the command that produced it).
 
 Controller. When this node becomes Raft leader its tick thread proposes
 ``BecomeController(term=raft term, node_id)``. ``controller_ready`` is true only while this node is
 leader *and* that record for the current term is applied; ``propose`` raises
-:class:`~raftlog.quorum.local.NotControllerError` everywhere else. Every command carries the
+:class:`~raftlog.quorum.interface.NotControllerError` everywhere else. Every command carries the
 controller term, and the state machine rejects a command from an older term (NOT_CONTROLLER): a
 deposed leader that still believes it leads cannot change the image.
 
@@ -22,10 +23,11 @@ leader until it learns about the new one. :meth:`RaftQuorum.read_barrier` gives 
 read on the ready controller (a replicated no-op; concurrent readers share one), and refuses on
 any other node. The corrections that make the barrier safe are in ``raft_syncobj``.
 
-Voters come from ``controller.quorum.voters``; a voter binds its own entry (its CONTROLLER
-listener). ``process.roles=broker`` nodes join as non-voting observers (pysyncobj's read-only
-nodes) and only follow the log. A shared secret (``raft.secret``) is required: it authenticates
-and encrypts every Raft message (without it pysyncobj unpickles anyone's bytes).
+Voters come from ``controller.quorum.voters`` (:mod:`raftlog.quorum.raft_membership`); a voter
+binds its own entry (its CONTROLLER listener). ``process.roles=broker`` nodes join as non-voting
+observers (pysyncobj's read-only nodes) and only follow the log. A shared secret (``raft.secret``)
+is required: it authenticates and encrypts every Raft message (without it pysyncobj unpickles
+anyone's bytes).
 
 Data: ``<metadata.log.dir>/__cluster_metadata-0/`` holds ``raft.journal`` (+ ``.meta``),
 ``raft.snapshot`` and ``meta.properties`` (cluster and node id, checked on every start).
@@ -33,11 +35,9 @@ Data: ``<metadata.log.dir>/__cluster_metadata-0/`` holds ``raft.journal`` (+ ``.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import os
-import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -53,11 +53,9 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.records import BecomeController, Command, Record, encode_command
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
 from raftlog.quorum import logfile
-from raftlog.quorum.local import (
-    PENDING_MAX_DEFAULT,
+from raftlog.quorum.interface import (
     PROPOSE_TIMEOUT_S_DEFAULT,
     NotControllerError,
-    ObserverStatus,
     ProposalTimeoutError,
     QuorumBusyError,
     QuorumClosedError,
@@ -65,24 +63,19 @@ from raftlog.quorum.local import (
     QuorumFailedError,
     QuorumStatus,
     QuorumTimeoutError,
-    VoterStatus,
 )
+from raftlog.quorum.local import PENDING_MAX_DEFAULT
+from raftlog.quorum.raft_bridge import CLOSED, Barrier, TrioBridge, Waiter, outcome
+from raftlog.quorum.raft_events import Submission
+from raftlog.quorum.raft_membership import RaftConfigError, RaftMembership
+from raftlog.quorum.raft_settings import RaftSettings
 from raftlog.quorum.raft_storage import (
     MetaPropertiesError,
     RaftStorageError,
-    check_meta_properties,
+    prepare_data_dir,
 )
-from raftlog.quorum.raft_syncobj import (
-    CANDIDATE,
-    LEADER,
-    RaftListener,
-    RaftSettings,
-    RaftSyncObj,
-    RaftView,
-    Submission,
-    make_syncobj,
-)
-from raftlog.quorum.raft_transport import OBSERVER_PREFIX, RAFT_COMMAND_MAX_BYTES
+from raftlog.quorum.raft_syncobj import RaftSyncObj, make_syncobj
+from raftlog.quorum.raft_transport import RAFT_COMMAND_MAX_BYTES
 
 __all__ = ["RaftConfigError", "RaftQuorum", "RaftSettings"]
 
@@ -93,70 +86,6 @@ CLOSE_TIMEOUT_S: Final = 10.0
 # Why 10 ms: only used while waiting for startup or for a condition the tick thread does not
 # announce (catching up); never on the proposal path.
 POLL_INTERVAL_S: Final = 0.01
-_OBSERVER_NODE: Final = re.compile(re.escape(OBSERVER_PREFIX) + r"(\d+)#\d+")
-_CLOSED: Final = -1
-
-
-class RaftConfigError(QuorumError):
-    """The node cannot start: missing secret, bad voters, or a data directory that belongs to
-    another cluster or node."""
-
-
-class _Waiter:
-    """A submission waiting on the trio side."""
-
-    __slots__ = ("done", "error", "result")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.result: object = None
-        self.error: int | None = None
-
-
-class _Barrier:
-    __slots__ = ("seq", "waiter")
-
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
-        self.waiter = _Waiter()
-
-
-class _Bridge(RaftListener):
-    """Tick thread -> trio. Every method runs on the tick thread and only schedules work."""
-
-    def __init__(self, quorum: RaftQuorum, token: trio.lowlevel.TrioToken) -> None:
-        self._quorum = quorum
-        self._token = token
-        self._lock = threading.Lock()
-        self._next_image: MetadataImage | None = None
-        self._image_scheduled = False
-
-    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
-        """Run ``fn(*args)`` on the trio thread (dropped once trio has finished)."""
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(fn, *args)
-
-    def on_applied(self, image: MetadataImage) -> None:
-        # Coalesced: one pending hand-off carries the newest image.
-        with self._lock:
-            self._next_image = image
-            if self._image_scheduled:
-                return
-            self._image_scheduled = True
-        self.call_soon(self._deliver_image)
-
-    def on_state_changed(self, old_state: int, new_state: int) -> None:
-        self.call_soon(self._quorum._on_raft_event)
-
-    def on_failed(self, error: BaseException) -> None:
-        self.call_soon(self._quorum._on_failed, error)
-
-    def _deliver_image(self) -> None:
-        with self._lock:
-            image = self._next_image
-            self._image_scheduled = False
-        if image is not None:
-            self._quorum._publish(image)
 
 
 class RaftQuorum:
@@ -195,26 +124,11 @@ class RaftQuorum:
                 "raft.secret (or raft.secret.file) is required for a Raft metadata quorum: "
                 "it authenticates every Raft message"
             )
-        if not voters:
-            raise RaftConfigError("controller.quorum.voters lists no voter")
-        by_address = {f"{voter.host}:{voter.port}": voter.node_id for voter in voters}
-        own = [voter for voter in voters if voter.node_id == node_id]
-        if is_voter and not own:
-            raise RaftConfigError(f"node.id {node_id} is not in controller.quorum.voters")
-        if not is_voter and own:
-            raise RaftConfigError(
-                f"node.id {node_id} is a voter but process.roles has no controller"
-            )
+        self._members = RaftMembership.resolve(
+            node_id, voters, is_voter=is_voter, bind_host=bind_host
+        )
         assert pending_max >= 1
         self._node_id = node_id
-        self._voters = tuple(voters)
-        self._voter_ids_by_address = by_address
-        self._self_address = f"{own[0].host}:{own[0].port}" if own else None
-        self._bind_address = (
-            None
-            if not own
-            else f"{bind_host if bind_host is not None else own[0].host}:{own[0].port}"
-        )
         self._partition_dir = Path(metadata_dir) / logfile.PARTITION_DIR_NAME
         self._secret = secret
         self._configured_cluster_id = cluster_id
@@ -224,11 +138,11 @@ class RaftQuorum:
         self._machine = MetadataStateMachine()
         self._image = self._machine.image
         self._changed = trio.Event()
-        self._waiters: set[_Waiter] = set()
-        self._barrier: _Barrier | None = None
+        self._waiters: set[Waiter] = set()
+        self._barrier: Barrier | None = None
         self._barrier_next_seq = 0
         self._sync: RaftSyncObj | None = None
-        self._bridge: _Bridge | None = None
+        self._bridge: TrioBridge | None = None
         self._failure: QuorumFailedError | None = None
         self._opened = False
         self._closed = False
@@ -310,7 +224,10 @@ class RaftQuorum:
             # pysyncobj's tick thread exits when the thread that built it exits.
             raise QuorumError("RaftQuorum must be opened from trio.run in the main thread")
         self._cluster_id = await trio.to_thread.run_sync(self._prepare_dir_sync)
-        self._bridge = _Bridge(self, trio.lowlevel.current_trio_token())
+        self._bridge = TrioBridge(
+            trio.lowlevel.current_trio_token(),
+            publish=self._publish, changed=self._on_raft_event, failed=self._on_failed,
+        )
         # Built here, in the main thread, synchronously: it reads the journal and derives the
         # key from the secret (tens of milliseconds, once).
         try:
@@ -323,7 +240,7 @@ class RaftQuorum:
                 if self._sync.failure is not None:
                     raise QuorumFailedError(f"metadata replay failed: {self._sync.failure}")
                 if view is not None and view.bind_failed:
-                    raise QuorumError(f"cannot bind the Raft port {self._bind_address}")
+                    raise QuorumError(f"cannot bind the Raft port {self._members.bind_address}")
                 if view is not None and view.started:
                     break
                 await trio.sleep(POLL_INTERVAL_S)
@@ -331,7 +248,7 @@ class RaftQuorum:
             logger.info(
                 "raft quorum open: node %d (%s), cluster %s, %d voters, metadata version %d",
                 self._node_id, "voter" if self.is_voter else "observer", self._cluster_id,
-                len(self._voters), self._image.version,
+                len(self._members.voters), self._image.version,
             )  # fmt: skip
             return
         raise QuorumError(f"Raft did not start within {OPEN_TIMEOUT_S} s")
@@ -353,7 +270,7 @@ class RaftQuorum:
             else:
                 _close_wakeup_pipe(sync)
         for waiter in list(self._waiters):
-            self._finish(waiter, None, _CLOSED)
+            waiter.finish(None, CLOSED)
         self._waiters.clear()
         self._changed.set()
 
@@ -385,7 +302,7 @@ class RaftQuorum:
         if sync is None or self._closed:
             return None
         leader = sync._getLeader()
-        return None if leader is None else self._voter_ids_by_address.get(str(leader.id))
+        return None if leader is None else self._members.voter_id(str(leader.id))
 
     async def propose(
         self,
@@ -439,7 +356,7 @@ class RaftQuorum:
                 f"proposal not committed within {timeout_s} s; it may still apply",
                 outcome_unknown=True,
             )
-        result = self._outcome(waiter, "proposal")
+        result = outcome(waiter, "proposal", self._not_controller)
         assert isinstance(result, ApplyResult), result
         return result
 
@@ -457,7 +374,7 @@ class RaftQuorum:
         if not self.controller_ready:
             raise self._not_controller("linearizable reads are served by the controller only")
         needed = self._barrier_next_seq
-        barrier: _Barrier | None = None
+        barrier: Barrier | None = None
         with trio.move_on_after(timeout_s):
             while True:
                 barrier = self._barrier
@@ -468,7 +385,7 @@ class RaftQuorum:
                     break
         if barrier is None or not barrier.waiter.done.is_set():
             raise QuorumTimeoutError(f"read barrier did not commit within {timeout_s} s")
-        self._outcome(barrier.waiter, "read barrier")
+        outcome(barrier.waiter, "read barrier", self._not_controller)
         return self._image
 
     async def wait_for_version(self, version: int, timeout_s: float) -> MetadataImage:
@@ -492,35 +409,7 @@ class RaftQuorum:
         state after the tick thread's latest tick)."""
         sync = self._sync
         view = None if sync is None else sync.view
-        image = self._image
-        if view is None:
-            return QuorumStatus(
-                self._node_id, "observer" if not self.is_voter else "follower", None, 0,
-                image.controller_term, image.controller_node_id, False, 0, 0, 0, image.version,
-                tuple(VoterStatus(v.node_id, f"{v.host}:{v.port}", False) for v in self._voters),
-            )  # fmt: skip
-        leading = view.state == LEADER
-        voters = tuple(self._voter_status(voter, view, leading) for voter in self._voters)
-        observers: tuple[ObserverStatus, ...] = ()
-        if leading:
-            observers = tuple(self._observer_status(key, view) for key in view.observers)
-        return QuorumStatus(
-            node_id=self._node_id,
-            role=_role_name(view.state, self.is_voter),
-            leader_node_id=None
-            if view.leader is None
-            else self._voter_ids_by_address.get(view.leader),
-            term=view.term,
-            controller_term=image.controller_term,
-            controller_node_id=image.controller_node_id,
-            controller_ready=self.controller_ready,
-            commit_index=view.commit_index,
-            last_applied=view.last_applied,
-            last_log_index=view.last_log_index,
-            metadata_version=image.version,
-            voters=voters,
-            observers=observers,
-        )
+        return self._members.status(view, self._image, self.controller_ready)
 
     # --- Extras -------------------------------------------------------------------------------
 
@@ -532,7 +421,7 @@ class RaftQuorum:
     @property
     def is_voter(self) -> bool:
         """False for a non-voting observer (``process.roles=broker``)."""
-        return self._self_address is not None
+        return self._members.is_voter
 
     @property
     def cluster_id(self) -> str | None:
@@ -577,43 +466,31 @@ class RaftQuorum:
 
     def _make_syncobj(self) -> RaftSyncObj:
         return make_syncobj(
-            self_address=self._self_address,
-            peer_addresses=[a for a in self._voter_ids_by_address if a != self._self_address],
+            self_address=self._members.self_address,
+            peer_addresses=self._members.peer_addresses,
             data_dir=self._partition_dir,
             password=self._secret,
             machine=self._machine,
             node_id=self._node_id,
             settings=self._settings,
-            bind_address=self._bind_address,
+            bind_address=self._members.bind_address,
             listener=self._bridge,
         )
 
     def _prepare_dir_sync(self) -> str:
-        self._partition_dir.mkdir(parents=True, exist_ok=True)
-        local_log = self._partition_dir / logfile.LOG_FILE_NAME
-        has_local = (local_log.exists() and local_log.stat().st_size > 0) or any(
-            self._partition_dir.glob("*" + logfile.CHECKPOINT_SUFFIX)
-        )
-        if has_local:
-            raise RaftConfigError(
-                f"{self._partition_dir} holds a single-voter (LocalQuorum) metadata log; a Raft "
-                "quorum cannot adopt it: start from an empty metadata.log.dir"
-            )
         try:
-            meta = check_meta_properties(
-                self._partition_dir, self._configured_cluster_id, self._node_id, _new_cluster_id
+            return prepare_data_dir(
+                self._partition_dir, self._configured_cluster_id, self._node_id
             )
         except MetaPropertiesError as exc:
             raise RaftConfigError(str(exc)) from exc
-        return meta.cluster_id
 
     def _machine_image_after_start(self) -> MetadataImage:
         # The tick thread has finished its first full tick; the bridge may still hold the
         # image hand-off, so take the newest one it has seen.
         bridge = self._bridge
         assert bridge is not None
-        with bridge._lock:
-            image = bridge._next_image
+        image = bridge.latest_image()
         return image if image is not None else self._image
 
     def _check_open(self) -> RaftSyncObj:
@@ -631,18 +508,18 @@ class RaftQuorum:
             leader_node_id=leader,
         )
 
-    def _new_submission(self, request_id: str | None) -> tuple[_Waiter, Submission]:
-        waiter = _Waiter()
+    def _new_submission(self, request_id: str | None) -> tuple[Waiter, Submission]:
+        waiter = Waiter()
         bridge = self._bridge
         assert bridge is not None
 
         def on_done(result: object, error: int) -> None:  # tick thread (or trio: QUEUE_FULL)
-            bridge.call_soon(self._finish, waiter, result, error)
+            bridge.call_soon(waiter.finish, result, error)
 
         return waiter, Submission(request_id, on_done)
 
-    def _start_barrier(self, sync: RaftSyncObj) -> _Barrier:
-        barrier = _Barrier(self._barrier_next_seq)
+    def _start_barrier(self, sync: RaftSyncObj) -> Barrier:
+        barrier = Barrier(self._barrier_next_seq)
         self._barrier_next_seq += 1
         self._barrier = barrier
         bridge = self._bridge
@@ -654,39 +531,10 @@ class RaftQuorum:
         sync.submit_barrier(Submission(None, on_done))
         return barrier
 
-    def _finish_barrier(self, barrier: _Barrier, error: int) -> None:
+    def _finish_barrier(self, barrier: Barrier, error: int) -> None:
         if self._barrier is barrier:
             self._barrier = None
-        self._finish(barrier.waiter, None, error)
-
-    def _finish(self, waiter: _Waiter, result: object, error: int) -> None:
-        # trio thread; runs from run_sync_soon, so it must not raise.
-        if waiter.done.is_set():
-            return
-        waiter.result = result
-        waiter.error = error
-        waiter.done.set()
-
-    def _outcome(self, waiter: _Waiter, what: str) -> object:
-        error = waiter.error
-        if error == FAIL_REASON.SUCCESS:
-            return waiter.result
-        if error == _CLOSED:
-            raise QuorumClosedError("metadata quorum closed")
-        if error == FAIL_REASON.QUEUE_FULL:
-            raise QuorumBusyError("Raft command queue is full")
-        if error in (
-            FAIL_REASON.NOT_LEADER,
-            FAIL_REASON.MISSING_LEADER,
-            FAIL_REASON.DISCARDED,
-            Submission.NOT_APPLIED,
-        ):
-            raise self._not_controller(f"{what} not committed: leadership was lost")
-        if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
-            raise ProposalTimeoutError(
-                f"{what}: outcome unknown after a leader change", outcome_unknown=True
-            )
-        raise QuorumError(f"{what} failed in Raft with error {error}")
+        barrier.waiter.finish(None, error)
 
     def _publish(self, image: MetadataImage) -> None:
         # trio thread; runs from run_sync_soon, so it must not raise.
@@ -704,7 +552,7 @@ class RaftQuorum:
     def _on_failed(self, error: BaseException) -> None:
         self._failure = QuorumFailedError(f"metadata apply failed: {error}")
         for waiter in list(self._waiters):
-            self._finish(waiter, None, FAIL_REASON.UNKNOWN_OUTCOME)
+            waiter.finish(None, FAIL_REASON.UNKNOWN_OUTCOME)
         self._on_raft_event()
 
     async def _wait_until(self, reached: Callable[[], bool], timeout_s: float) -> MetadataImage:
@@ -715,44 +563,6 @@ class RaftQuorum:
             return self._image
         raise QuorumTimeoutError(f"metadata did not change as awaited within {timeout_s} s")
 
-    @staticmethod
-    def _observer_status(key: str, view: RaftView) -> ObserverStatus:
-        match = view.match_index.get(key)
-        lag = None if match is None else view.last_log_index - match
-        return ObserverStatus(_observer_node_id(key), match, lag)
-
-    def _voter_status(self, voter: QuorumVoter, view: RaftView, leading: bool) -> VoterStatus:
-        address = f"{voter.host}:{voter.port}"
-        is_self = address == self._self_address
-        match: int | None = None
-        contact: float | None = None
-        if leading:
-            match = view.last_log_index if is_self else view.match_index.get(address)
-            contact = 0.0 if is_self else view.last_contact_s.get(address)
-        return VoterStatus(
-            node_id=voter.node_id,
-            address=address,
-            connected=is_self or address in view.connected,
-            match_index=match,
-            lag=None if match is None else view.last_log_index - match,
-            last_contact_s=contact,
-        )
-
-
-def _role_name(state: int, is_voter: bool) -> str:
-    if not is_voter:
-        return "observer"
-    return {LEADER: "leader", CANDIDATE: "candidate"}.get(state, "follower")
-
-
-def _observer_node_id(key: str) -> int | None:
-    match = _OBSERVER_NODE.fullmatch(key)
-    return None if match is None else int(match.group(1))
-
-
-def _new_cluster_id() -> str:
-    # Kafka's format: a random UUID in URL-safe base64 without padding (22 characters).
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
 def _close_wakeup_pipe(sync: Any) -> None:

@@ -38,9 +38,10 @@ import trio
 from raftlog.config import ServerConfig
 from raftlog.metadata.records import Command, RegisterBroker, encode_command
 from raftlog.metadata.state import ApplyResult
-from raftlog.quorum.local import ProposalTimeoutError, QuorumError, QuorumTimeoutError
+from raftlog.quorum.interface import ProposalTimeoutError, QuorumError, QuorumTimeoutError
 from raftlog.quorum.raft import RaftQuorum
-from raftlog.quorum.raft_syncobj import PYSYNCOBJ_DEFAULT_SETTINGS, RaftSettings, Submission
+from raftlog.quorum.raft_events import Submission
+from raftlog.quorum.raft_settings import PYSYNCOBJ_DEFAULT_SETTINGS, RaftSettings
 
 logger = logging.getLogger(__name__)
 

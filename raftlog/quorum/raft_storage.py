@@ -20,10 +20,12 @@ Layout in ``<metadata.log.dir>/__cluster_metadata-0/``: ``raft.journal`` (header
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import struct
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -419,6 +421,38 @@ def check_meta_properties(
             "refusing to start (use the right data directory or an empty one)"
         )
     return stored
+
+
+def prepare_data_dir(directory: Path, cluster_id: str | None, node_id: int) -> str:
+    """Create the Raft quorum's data directory if needed and check that it is this node's.
+
+    Args:
+        cluster_id: The configured cluster id, or None to accept the stored one (or make one
+            on first start).
+
+    Returns:
+        The cluster id from ``meta.properties``.
+
+    Raises:
+        MetaPropertiesError: the directory belongs to another cluster or node, or holds a
+            single-voter (``LocalQuorum``) metadata log, which a Raft quorum cannot adopt.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    local_log = directory / logfile.LOG_FILE_NAME
+    has_local = (local_log.exists() and local_log.stat().st_size > 0) or any(
+        directory.glob("*" + logfile.CHECKPOINT_SUFFIX)
+    )
+    if has_local:
+        raise MetaPropertiesError(
+            f"{directory} holds a single-voter (LocalQuorum) metadata log; a Raft "
+            "quorum cannot adopt it: start from an empty metadata.log.dir"
+        )
+    return check_meta_properties(directory, cluster_id, node_id, _new_cluster_id).cluster_id
+
+
+def _new_cluster_id() -> str:
+    # Kafka's format: a random UUID in URL-safe base64 without padding (22 characters).
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
 def _read_meta_properties(path: Path) -> MetaProperties:

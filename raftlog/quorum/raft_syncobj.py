@@ -1,7 +1,7 @@
-"""pysyncobj 0.3.17 with raftlog's corrections, settings and guards (no trio in this module).
+"""pysyncobj 0.3.17 with raftlog's corrections and guards (no trio in this module).
 
 Everything here runs on pysyncobj's tick thread unless a docstring says otherwise. The measured
-defects (``/work/shared/reference/pysyncobj-findings.md``) and how this module closes them:
+defects (``/work/shared/reference/pysyncobj-findings.md``) and how raftlog closes them:
 
 * **8-A** (a deposed leader applies and acknowledges its own uncommitted entries on the snapshot
   path): :meth:`RaftSyncObj._raft_on_append_entries` replaces the follower's AppendEntries
@@ -13,26 +13,28 @@ defects (``/work/shared/reference/pysyncobj-findings.md``) and how this module c
 * **8-D** (a re-sent snapshot rolls applied state back): a snapshot not newer than what this node
   has applied is acknowledged without loading it.
 * **8-E** (callbacks silently never fire after a snapshot jumps past them): waiting proposals are
-  resolved after a snapshot install, from the restored request-id window when it can tell.
+  resolved after a snapshot install, from the restored request-id window when it can tell
+  (:class:`~raftlog.quorum.raft_events.Submission`).
 * **No fsync**: :class:`~raftlog.quorum.raft_storage.DurableJournal` replaces the journal; a
   follower fsyncs before it acknowledges, the leader before it counts its own entries. Snapshots
   are fsynced before they replace the previous one (own ones by the serializer, received ones
   here: pysyncobj renamed a received snapshot over the node's own, unsynced, before looking at
-  it), and the journal only drops entries once the snapshot covering them is durable.
+  it; :class:`~raftlog.quorum.raft_snapshots.SnapshotKeeper` collects it instead), and the journal
+  only drops entries once the snapshot covering them is durable.
 * **Crash between snapshot and compaction**: pysyncobj's startup clears the whole journal unless
   it starts exactly at the snapshot; :meth:`RaftSyncObj._raft_check_snapshot_on_start` trims it
   to the snapshot instead, keeping the (possibly acknowledged) entries after it.
 * **8-B** (the first RequestVote over an idle follower link is dropped): ``connectionTimeout=30``
-  as the findings recommend, *and* a keepalive message on every link each second. The timeout
-  alone only postpones the bug: once a follower link has been idle longer than the timeout the
-  first vote is dropped again.
-* **Pickle RCE**: a password is required (:func:`check_conf`); messages that fail
-  authentication are logged (pysyncobj drops them silently).
+  as the findings recommend (:mod:`raftlog.quorum.raft_settings`), *and* a keepalive message on
+  every link each second. The timeout alone only postpones the bug: once a follower link has
+  been idle longer than the timeout the first vote is dropped again.
+* **Pickle RCE**: a password is required (:func:`~raftlog.quorum.raft_settings.check_conf`);
+  messages that fail authentication are logged (pysyncobj drops them silently).
 * **Unbounded reads on the Raft port** (a stranger's 2^31-1-byte frame was buffered while it
   stalled the tick thread and moved the term): :mod:`raftlog.quorum.raft_transport` caps
   every frame, allows only a handshake-sized frame before the peer proves the secret, and
   bounds the work per poll.
-* **Journal without snapshot file**: :func:`check_conf` refuses it.
+* **Journal without snapshot file**: :func:`~raftlog.quorum.raft_settings.check_conf` refuses it.
 * Commands are never forwarded to another node and raftlog's payloads are CBOR, not pickle: a
   replicated command is ``b"\\x00" + encode_command(...)`` applied by ``MetadataStateMachine``.
 """
@@ -44,8 +46,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -55,260 +56,38 @@ from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.monotonic import monotonic as monotonic_time
 
-from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.records import BecomeController, Command, decode_command, encode_command
-from raftlog.metadata.state import REQUEST_WINDOW_MAX, ApplyResult, MetadataStateMachine
+from raftlog.metadata.state import ApplyResult, MetadataStateMachine
+from raftlog.quorum.raft_events import (
+    FOLLOWER,
+    LEADER,
+    RaftListener,
+    RaftView,
+    Submission,
+    SubmitCallback,
+)
+from raftlog.quorum.raft_settings import RaftSettings, build_conf, check_conf
+from raftlog.quorum.raft_snapshots import SnapshotKeeper, trim_journal
 from raftlog.quorum.raft_storage import (
     JOURNAL_FILE_NAME,
     SNAPSHOT_FILE_NAME,
     DurableJournal,
-    RaftSnapshot,
     RaftStorageError,
     decode_snapshot,
-    read_snapshot_file,
     write_durably,
-    write_snapshot_file,
 )
-from raftlog.quorum.raft_transport import (
-    RAFT_MESSAGE_MAX_BYTES,
-    RaftTransport,
-    largest_message_bytes,
-)
+from raftlog.quorum.raft_transport import RaftTransport
 
 logger = logging.getLogger(__name__)
 
 # pysyncobj's command type bytes (_COMMAND_TYPE): REGULAR commands are ours, NO_OP is a barrier.
 REGULAR_COMMAND: Final = b"\x00"
 NO_OP_COMMAND: Final = b"\x01"
-# pysyncobj's _RAFT_STATE values.
-FOLLOWER: Final = 0
-CANDIDATE: Final = 1
-LEADER: Final = 2
 KEEPALIVE_MESSAGE_TYPE: Final = "raftlog_keepalive"
-
-
-class UnsafeRaftConfigError(ValueError):
-    """A pysyncobj configuration that the findings showed to lose data or expose the node."""
 
 
 class RaftApplyError(Exception):
     """A committed entry could not be applied; this node stops taking part (fail-stop)."""
-
-
-# --- Settings -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RaftSettings:
-    """Timing and sizing of the Raft layer (findings §10.4).
-
-    Attributes:
-        raft_min_timeout_s, raft_max_timeout_s: Randomised election timeout range.
-        append_entries_period_s: Heartbeat interval.
-        connection_timeout_s: A link with nothing read for this long is dropped (8-B: large).
-        connection_retry_s: Reconnect interval.
-        leader_fallback_timeout_s: A leader without a majority's responses for this long steps
-            down (pysyncobj's CheckQuorum; its default of 30 s lets a partitioned leader act).
-        keepalive_interval_s: Send a no-op message on every link this often, so no link is idle
-            (8-B); None sends none (pysyncobj's behaviour).
-        commands_queue_size: Bound of pysyncobj's command queue (QUEUE_FULL beyond).
-        log_compaction_min_entries, log_compaction_min_time_s: Snapshot when the log holds this
-            many entries, or this long after the previous snapshot.
-        auto_tick_period_s: The tick thread's poll timeout.
-        bind_attempts, bind_retry_s: Give up binding the Raft port after this many tries.
-    """
-
-    raft_min_timeout_s: float = 0.35
-    raft_max_timeout_s: float = 0.9
-    append_entries_period_s: float = 0.05
-    connection_timeout_s: float = 30.0
-    connection_retry_s: float = 0.5
-    leader_fallback_timeout_s: float = 1.0
-    keepalive_interval_s: float | None = 1.0
-    commands_queue_size: int = 1024
-    log_compaction_min_entries: int = 5000
-    log_compaction_min_time_s: float = 300.0
-    auto_tick_period_s: float = 0.05
-    bind_attempts: int = 20
-    bind_retry_s: float = 0.25
-
-    def replace(self, **changes: Any) -> RaftSettings:
-        """A copy with ``changes`` applied."""
-        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        values.update(changes)
-        return RaftSettings(**values)
-
-
-# pysyncobj's own defaults, for measuring what raftlog's settings change (failover tests).
-PYSYNCOBJ_DEFAULT_SETTINGS: Final = RaftSettings(
-    raft_min_timeout_s=0.4,
-    raft_max_timeout_s=1.4,
-    append_entries_period_s=0.1,
-    connection_timeout_s=3.5,
-    connection_retry_s=5.0,
-    leader_fallback_timeout_s=30.0,
-    keepalive_interval_s=None,
-)
-
-
-def build_conf(
-    settings: RaftSettings,
-    *,
-    journal_file: Path,
-    snapshot_file: Path,
-    password: str,
-    bind_address: str | None,
-) -> SyncObjConf:
-    """The pysyncobj configuration raftlog runs with (callbacks are set by RaftSyncObj)."""
-    conf = SyncObjConf(
-        password=password,
-        autoTick=True,
-        autoTickPeriod=settings.auto_tick_period_s,
-        appendEntriesUseBatch=False,
-        raftMinTimeout=settings.raft_min_timeout_s,
-        raftMaxTimeout=settings.raft_max_timeout_s,
-        appendEntriesPeriod=settings.append_entries_period_s,
-        connectionTimeout=settings.connection_timeout_s,
-        connectionRetryTime=settings.connection_retry_s,
-        leaderFallbackTimeout=settings.leader_fallback_timeout_s,
-        commandsQueueSize=settings.commands_queue_size,
-        commandsWaitLeader=False,
-        logCompactionMinEntries=settings.log_compaction_min_entries,
-        logCompactionMinTime=settings.log_compaction_min_time_s,
-        journalFile=str(journal_file),
-        fullDumpFile=str(snapshot_file),
-        useFork=False,
-        dynamicMembershipChange=False,
-        bindAddress=bind_address,
-        maxBindRetries=settings.bind_attempts,
-        bindRetryTime=settings.bind_retry_s,
-    )
-    check_conf(conf)
-    return conf
-
-
-def check_conf(conf: SyncObjConf) -> None:
-    """Refuse configurations the findings showed to be unsafe.
-
-    Raises:
-        UnsafeRaftConfigError: listing every problem found.
-    """
-    problems = []
-    if not conf.journalFile or not conf.fullDumpFile:
-        # findings §6: compaction truncates a journal that has no snapshot file: silent loss.
-        problems.append(
-            f"journalFile ({conf.journalFile!r}) and fullDumpFile ({conf.fullDumpFile!r}) must "
-            "both be set: a journal without a snapshot file loses everything at compaction"
-        )
-    if not conf.password:
-        problems.append("password must be set: without it the Raft port unpickles anyone's bytes")
-    if conf.useFork:
-        problems.append("useFork must be False (fork() in a threaded process can hang)")
-    if conf.dynamicMembershipChange:
-        problems.append("dynamicMembershipChange is not supported (open race, pysyncobj #89)")
-    if conf.commandsWaitLeader:
-        problems.append("commandsWaitLeader must be False: a queued command could apply late")
-    largest = largest_message_bytes(conf.appendEntriesBatchSizeBytes, conf.logCompactionBatchSize)
-    if largest > RAFT_MESSAGE_MAX_BYTES:
-        # Peers refuse frames over the cap: a batch near it would never reach them.
-        problems.append(
-            f"appendEntriesBatchSizeBytes/logCompactionBatchSize allow {largest}-byte "
-            f"messages, over the {RAFT_MESSAGE_MAX_BYTES}-byte cap on Raft messages"
-        )
-    if problems:
-        raise UnsafeRaftConfigError("; ".join(problems))
-
-
-# --- What the tick thread reports -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RaftView:
-    """An immutable picture of the Raft state, rebuilt by the tick thread after every tick.
-
-    Node keys are Raft addresses (``host:port``) for voters and ``readonly:<node id>#<n>`` for
-    observers.
-    """
-
-    state: int
-    term: int
-    leader: str | None
-    commit_index: int
-    last_applied: int
-    last_log_index: int
-    transport_ready: bool
-    bind_failed: bool
-    started: bool
-    caught_up: bool
-    connected: frozenset[str]
-    match_index: Mapping[str, int] = field(default_factory=dict)
-    last_contact_s: Mapping[str, float] = field(default_factory=dict)
-    observers: tuple[str, ...] = ()
-    journal_fsyncs: int = 0
-    snapshots_written: int = 0
-    snapshots_installed: int = 0
-
-
-class RaftListener:
-    """Receives events on the tick thread. Implementations must return quickly and never call
-    Raft synchronously (they run inside the tick). The base class ignores everything."""
-
-    def on_applied(self, image: MetadataImage) -> None:
-        """A new image was applied (or restored from a snapshot)."""
-
-    def on_state_changed(self, old_state: int, new_state: int) -> None:
-        """FOLLOWER/CANDIDATE/LEADER changed."""
-
-    def on_tick(self, view: RaftView) -> None:
-        """A tick finished; ``view`` is the new state."""
-
-    def on_failed(self, error: BaseException) -> None:
-        """Applying failed; this node stopped taking part in Raft."""
-
-
-SubmitCallback = Callable[[object, int], None]
-
-
-class Submission:
-    """A pysyncobj callback ``(result, error)`` that knows its command's request id, so that a
-    snapshot jumping past it (8-E) can still tell whether it applied.
-
-    ``on_done(result, error)`` gets pysyncobj's FAIL_REASON code, or :data:`NOT_APPLIED` when
-    the request-id window proves the command was not applied.
-    """
-
-    NOT_APPLIED: Final = 100
-
-    __slots__ = ("_called", "_lock", "on_done", "request_id")
-
-    def __init__(self, request_id: str | None, on_done: SubmitCallback) -> None:
-        self.request_id = request_id
-        self.on_done = on_done
-        self._called = False
-        self._lock = threading.Lock()
-
-    def __call__(self, result: object, error: int) -> None:
-        with self._lock:
-            if self._called:
-                return
-            self._called = True
-        self.on_done(result, error)
-
-    def resolve_after_snapshot(
-        self, index: int, last_applied: int, machine: MetadataStateMachine
-    ) -> None:
-        """The entry at ``index`` was covered by a snapshot ending at ``last_applied``."""
-        if self.request_id is not None:
-            for request_id, result in reversed(machine.recent_requests):
-                if request_id == self.request_id:
-                    self(result, FAIL_REASON.SUCCESS)
-                    return
-            if last_applied - index < REQUEST_WINDOW_MAX:
-                # Had it applied at or after ``index``, fewer than REQUEST_WINDOW_MAX commands
-                # since would still hold it in the window.
-                self(None, Submission.NOT_APPLIED)
-                return
-        self(None, FAIL_REASON.UNKNOWN_OUTCOME)
 
 
 # --- The SyncObj ----------------------------------------------------------------------------
@@ -364,21 +143,17 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         self._raft_node_id = node_id
         self._raft_listener = listener or RaftListener()
         self._raft_observer_id = None if self_address is not None else str(node_id)
-        self._raft_snapshot_path = Path(conf.fullDumpFile)
         self._raft_journal: DurableJournal | None = None
         self._raft_failure: BaseException | None = None
-        self._raft_snapshot_loaded = False
-        self._raft_incoming_snapshot: bytearray | None = None
-        self._raft_snapshots_written = 0
-        self._raft_snapshots_installed = 0
+        self._raft_snapshots = SnapshotKeeper(machine, self._raft_listener, Path(conf.fullDumpFile))
         self._raft_started = False
         self._raft_keepalive_s = keepalive_interval_s
         self._raft_next_keepalive = 0.0
         self._raft_become_pending: int | None = None
         self._raft_view: RaftView | None = None
         conf.onStateChanged = self._raft_on_state_changed
-        conf.serializer = self._raft_serialize
-        conf.deserializer = self._raft_deserialize
+        conf.serializer = self._raft_snapshots.serialize
+        conf.deserializer = self._raft_snapshots.deserialize
         conf.serializeChecker = None
         with _CONSTRUCT_LOCK:
             original = pysyncobj_syncobj.createJournal
@@ -545,8 +320,8 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
             last_contact_s=last_contact,
             observers=tuple(sorted(str(node.id) for node in self._SyncObj__readonlyNodes)),
             journal_fsyncs=journal.fsync_count,
-            snapshots_written=self._raft_snapshots_written,
-            snapshots_installed=self._raft_snapshots_installed,
+            snapshots_written=self._raft_snapshots.written,
+            snapshots_installed=self._raft_snapshots.installed,
         )
 
     def _raft_on_state_changed(self, old_state: int, new_state: int) -> None:
@@ -603,7 +378,7 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
             if verified is not None:
                 self._raft_advance_commit(min(leader_commit, verified))
         elif isinstance(message.get("serialized"), tuple):
-            complete = self._raft_receive_snapshot_chunk(message["serialized"])
+            complete = self._raft_snapshots.receive_chunk(message["serialized"])
             if complete is not None:
                 self._raft_install_snapshot(node, complete)
         # else: ``serialized: None`` (the leader's serializer is busy) is a heartbeat only.
@@ -662,24 +437,6 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         if index > self._SyncObj__raftCommitIndex:
             self._SyncObj__raftCommitIndex = index
 
-    def _raft_receive_snapshot_chunk(self, chunk: tuple[Any, ...]) -> bytes | None:
-        """Collect a snapshot sent in chunks; the whole snapshot once the last one arrived.
-
-        Replaces pysyncobj's receiving side, which renames the received file over this node's
-        own snapshot before anyone looked at it (and without fsync).
-        """
-        data, is_first, is_last = chunk
-        if is_first:
-            self._raft_incoming_snapshot = bytearray()
-        if self._raft_incoming_snapshot is None:
-            return None  # a chunk from the middle of a transmission we did not see start
-        self._raft_incoming_snapshot += data
-        if not is_last:
-            return None
-        complete = bytes(self._raft_incoming_snapshot)
-        self._raft_incoming_snapshot = None
-        return complete
-
     def _raft_install_snapshot(self, node: Any, data: bytes) -> None:
         try:
             snapshot = decode_snapshot(data)
@@ -693,14 +450,15 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
             self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_index + 1, success=True)
             return
         # Durable before the journal entries it replaces are dropped (by the load below).
-        write_durably(self._raft_snapshot_path, data)
-        self._raft_snapshot_loaded = False
+        snapshots = self._raft_snapshots
+        write_durably(snapshots.path, data)
+        snapshots.loaded = False
         self._SyncObj__loadDumpFile(clearJournal=True)
-        if not self._raft_snapshot_loaded:
+        if not snapshots.loaded:
             logger.error("raft: could not load the received snapshot; asking for it again")
             self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
             return
-        self._raft_snapshots_installed += 1
+        snapshots.installed += 1
         self.journal.flush()
         # A snapshot holds only committed entries.
         self._raft_advance_commit(last_index)
@@ -735,50 +493,21 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         self._raft_listener.on_applied(self._raft_machine.image)
         return result
 
-    def _raft_serialize(self, file_name: str, data: tuple[Any, Any, Any]) -> None:
-        last, prev, cluster = data
-        assert self._raft_machine.image.version <= last[1]
-        snapshot = RaftSnapshot(
-            last=(bytes(last[0]), last[1], last[2]),
-            prev=(bytes(prev[0]), prev[1], prev[2]),
-            cluster=tuple(sorted(str(node.id) for node in cluster if node is not None)),
-            state=self._raft_machine.snapshot(),
-        )
-        write_snapshot_file(Path(file_name), snapshot)
-        self._raft_snapshots_written += 1
-
-    def _raft_deserialize(self, file_name: str) -> tuple[Any, Any, list[str]]:
-        snapshot = read_snapshot_file(Path(file_name))
-        self._raft_machine.restore(snapshot.state)
-        self._raft_snapshot_loaded = True
-        self._raft_listener.on_applied(self._raft_machine.image)
-        return snapshot.last, snapshot.prev, list(snapshot.cluster)
-
     def _raft_check_snapshot_on_start(self) -> None:
         """Before pysyncobj loads the snapshot on the first tick: refuse a damaged one (pysyncobj
-        would log and carry on empty), and keep the journal tail after it.
-
-        pysyncobj clears the whole journal unless its first two entries are the snapshot's
-        last two; after a crash between writing a snapshot and compacting the journal they are
-        not, and the entries after the snapshot (acknowledged ones) would be dropped.
+        would log and carry on empty), and keep the journal tail after it (:func:`trim_journal`).
         """
-        path = self._raft_snapshot_path
-        if not path.exists():
-            return
+        snapshots = self._raft_snapshots
         try:
-            snapshot = read_snapshot_file(path)
+            snapshot = snapshots.on_disk()
         except (RaftStorageError, OSError) as exc:
-            self._raft_fail(RaftApplyError(f"snapshot {path} is unusable: {exc}"))
+            self._raft_fail(RaftApplyError(f"snapshot {snapshots.path} is unusable: {exc}"))
             return
-        journal = self.journal
-        for position in range(1, len(journal)):
-            if journal[position] == snapshot.last and journal[position - 1] == snapshot.prev:
-                if position > 1:
-                    journal.deleteEntriesTo(position - 1)
-                return
+        if snapshot is not None:
+            trim_journal(self.journal, snapshot)
 
     def _raft_create_journal(self, journal_file: str) -> DurableJournal:
-        journal = DurableJournal(Path(journal_file), self._raft_snapshot_path)
+        journal = DurableJournal(Path(journal_file), self._raft_snapshots.path)
         self._raft_journal = journal
         return journal
 

@@ -26,7 +26,7 @@ import trio
 
 from raftlog.config import QuorumVoter
 from raftlog.quorum.raft import RaftQuorum
-from raftlog.quorum.raft_syncobj import RaftSettings
+from raftlog.quorum.raft_settings import RaftSettings
 
 START_TIMEOUT_S: Final = 20.0
 REQUEST_TIMEOUT_S: Final = 10.0

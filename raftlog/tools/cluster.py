@@ -39,8 +39,8 @@ from typing import Any, Final
 
 import trio
 
-from raftlog.broker.controller_apis import describe_quorum_request
 from raftlog.client.connection import KafkaClientError, KafkaConnection, parse_bootstrap
+from raftlog.controller.rpcs import describe_quorum_request
 from raftlog.partition.batch import build_batch
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import (

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from raftlog.broker.apis import KafkaApis
     from raftlog.broker.lifecycle import ControllerChannel
     from raftlog.partition.manager import PartitionManager
-    from raftlog.quorum.local import Quorum
+    from raftlog.quorum.interface import Quorum
     from raftlog.txn.init_producer_id import ProducerApis
     from raftlog.txn.producer_ids import ProducerIdManager
 

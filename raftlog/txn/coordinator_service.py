@@ -54,7 +54,7 @@ from raftlog.protocol.internal_topics import (
     UndecodableRecords,
 )
 from raftlog.protocol.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.server.find_coordinator import CoordinatorLocation
 from raftlog.server.listener import Body
 from raftlog.txn import coordinator as core

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from raftlog.broker.controller_apis import describe_quorum_request
 from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.controller.rpcs import describe_quorum_request
 from raftlog.protocol.schemas import DESCRIBE_QUORUM, METADATA
 from raftlog.tools.cluster import ClusterLayout, node_directory, prepare, probe
 from tests.integration.helpers import broker_log_problems

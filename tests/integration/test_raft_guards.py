@@ -35,15 +35,10 @@ from pysyncobj.journal import ResizableFile
 
 from raftlog.metadata.records import RegisterBroker
 from raftlog.metadata.state import MetadataStateMachine
+from raftlog.quorum.raft_events import LEADER
+from raftlog.quorum.raft_settings import RaftSettings, UnsafeRaftConfigError, build_conf
 from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.quorum.raft_syncobj import (
-    LEADER,
-    RaftSettings,
-    RaftSyncObj,
-    UnsafeRaftConfigError,
-    build_conf,
-    make_syncobj,
-)
+from raftlog.quorum.raft_syncobj import RaftSyncObj, make_syncobj
 from raftlog.quorum.raft_testing import (
     SECRET,
     free_port,

@@ -38,7 +38,7 @@ from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.encryptor import getEncryptor
 
 from raftlog.metadata.records import CreateTopic, RegisterBroker
-from raftlog.quorum.local import QuorumError
+from raftlog.quorum.interface import QuorumError
 from raftlog.quorum.raft import RaftQuorum
 from raftlog.quorum.raft_testing import SECRET, open_quorums, wait_for_controller
 from raftlog.quorum.raft_testing import wait_until as wait_until_async

@@ -21,7 +21,7 @@ from pysyncobj.config import FAIL_REASON
 from raftlog.config import QuorumVoter, ServerConfig
 from raftlog.metadata import errors
 from raftlog.metadata.records import BecomeController, RegisterBroker
-from raftlog.quorum.local import (
+from raftlog.quorum.interface import (
     NotControllerError,
     Quorum,
     QuorumBusyError,
@@ -29,8 +29,8 @@ from raftlog.quorum.local import (
     QuorumFailedError,
 )
 from raftlog.quorum.raft import RaftConfigError, RaftQuorum
+from raftlog.quorum.raft_settings import RaftSettings
 from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.quorum.raft_syncobj import RaftSettings
 from raftlog.quorum.raft_testing import (
     SECRET,
     free_port,

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from raftlog.broker.apis import KafkaApis
-from raftlog.broker.controller_apis import ControllerApis, describe_quorum_request
+from raftlog.broker.controller_apis import ControllerApis
 from raftlog.broker.lifecycle import (
     BrokerLifecycle,
     ControllerChannel,
@@ -35,6 +35,7 @@ from raftlog.controller.core import (
     Heartbeat,
     Registration,
 )
+from raftlog.controller.rpcs import ControllerRpcs, describe_quorum_request
 from raftlog.controller.service import (
     ControllerService,
     ControllerUnavailableError,
@@ -53,14 +54,9 @@ from raftlog.protocol.schemas import (
     DELETE_TOPICS,
     DESCRIBE_QUORUM,
 )
-from raftlog.quorum.local import (
-    PROPOSE_TIMEOUT_S_DEFAULT,
-    LocalNode,
-    LocalQuorum,
-    NotControllerError,
-    QuorumStatus,
-)
-from raftlog.server.listener import ListenerLimits, serve_listener
+from raftlog.quorum.interface import PROPOSE_TIMEOUT_S_DEFAULT, NotControllerError, QuorumStatus
+from raftlog.quorum.local import LocalNode, LocalQuorum
+from raftlog.server.listener import Handler, ListenerLimits, serve_listener
 
 SESSION_MS: Final = 600
 HEARTBEAT_MS: Final = 100
@@ -136,12 +132,12 @@ class Controller:
     config: ServerConfig
     quorum: SwitchableQuorum
     service: ControllerService
-    apis: ControllerApis
+    handlers: dict[int, Handler]
     port: int
     lifecycle: BrokerLifecycle
 
     async def call(self, api: Any, body: dict[str, Any], version: int) -> Any:
-        return await call_in_process(self.apis.handlers()[api.key], api, version, body)
+        return await call_in_process(self.handlers[api.key], api, version, body)
 
 
 @asynccontextmanager
@@ -154,20 +150,22 @@ async def controller_node(tmp_path: Path) -> AsyncIterator[Controller]:
         service = ControllerService(quorum, settings_from_config(config))
         manager = PartitionManager(tmp_path / "data-1", 1)
         kafka_apis = KafkaApis(config, quorum, manager)
+        rpcs = ControllerRpcs(config, quorum, service)
         apis = ControllerApis(config, quorum, service, kafka_apis)
+        controller_handlers = {**rpcs.handlers(), **apis.handlers()}
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
-            handlers = {**kafka_apis.handlers(), **apis.handlers()}
+            handlers = {**kafka_apis.handlers(), **controller_handlers}
             await nursery.start(serve_listener, "127.0.0.1", port, handlers,
                                 ListenerLimits(100 << 20, -1))
             await eventually(lambda: service.active, "the controller to start")
             # Node 1's own broker heartbeats in-process, as in a combined node.
             channel = ControllerChannel(1, quorum)
-            channel.set_local_handlers(apis.handlers())
+            channel.set_local_handlers(controller_handlers)
             own = BrokerLifecycle(config, quorum, channel, advertised=("127.0.0.1", port),
                                   incarnation_id=quorum.image.brokers[1].incarnation_id)
             await nursery.start(own.run)
-            yield Controller(config, quorum, service, apis, port, own)
+            yield Controller(config, quorum, service, controller_handlers, port, own)
             nursery.cancel_scope.cancel()
         manager.close()
 

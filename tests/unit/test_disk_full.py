@@ -37,7 +37,7 @@ from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, RequestHeader
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FETCH, PRODUCE
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.server.listener import RequestContext
 
 T0 = 1_700_000_000_000

@@ -22,7 +22,7 @@ from raftlog.partition.manager import PartitionManager
 from raftlog.protocol import codec
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import CREATE_PARTITIONS
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.server.listener import RequestContext
 
 

@@ -34,7 +34,7 @@ from raftlog.protocol import codec
 from raftlog.protocol.codec import RequestHeader
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import LIST_OFFSETS
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.server.listener import RequestContext
 
 T0 = 1_700_000_000_000

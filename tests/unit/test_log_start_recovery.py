@@ -30,7 +30,7 @@ from raftlog.partition.segment import Segment
 from raftlog.protocol import codec
 from raftlog.protocol.codec import RequestHeader
 from raftlog.protocol.schemas import LIST_OFFSETS
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.replication.manager import FollowerAssignment, LeaderFetcher, ReplicaManager
 from raftlog.server.listener import RequestContext
 from tests.unit.test_delete_records import fail_delete_of

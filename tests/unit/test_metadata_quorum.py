@@ -23,9 +23,7 @@ from raftlog.metadata.records import AlterConfigs, CreateTopic, FenceBroker, Unf
 from raftlog.metadata.state import RESOURCE_TYPE_TOPIC, MetadataStateMachine
 from raftlog.metadata.testing import make_topic_id
 from raftlog.quorum import logfile
-from raftlog.quorum.local import (
-    LocalNode,
-    LocalQuorum,
+from raftlog.quorum.interface import (
     ProposalTimeoutError,
     Quorum,
     QuorumBusyError,
@@ -33,6 +31,7 @@ from raftlog.quorum.local import (
     QuorumFailedError,
     QuorumTimeoutError,
 )
+from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.quorum.logfile import MetadataLogCorruptError
 
 NODE: Final = LocalNode(node_id=1, host="127.0.0.1", port=9092)

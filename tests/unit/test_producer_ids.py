@@ -6,7 +6,7 @@ prefetched at 90 %, allocator failures and hangs are retried and never block a c
 its timeout; the controller never hands out overlapping blocks (also under concurrent
 requests and lost compare-and-set races) and answers the codes brokers expect; the handlers
 answer what Kafka (and the clients) expect. Method: fake allocators under trio's autojump
-clock for the manager; a real LocalQuorum, ControllerService and ControllerApis (with a hook
+clock for the manager; a real LocalQuorum, ControllerService and ControllerRpcs (with a hook
 that injects rival blocks and quorum failures) for the controller side.
 """
 
@@ -23,11 +23,10 @@ import pytest
 import trio
 import trio.testing
 
-from raftlog.broker.apis import KafkaApis
-from raftlog.broker.controller_apis import ControllerApis
 from raftlog.broker.lifecycle import BrokerLifecycle, ControllerChannel, call_in_process
 from raftlog.config import ServerConfig
 from raftlog.controller.core import STALE_BROKER_EPOCH, Registration
+from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.service import (
     ALLOCATION_ATTEMPTS,
     ControllerService,
@@ -37,18 +36,16 @@ from raftlog.controller.service import (
 from raftlog.metadata import errors
 from raftlog.metadata.records import ProducerIdBlock, Record
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
-from raftlog.partition.manager import PartitionManager
 from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, RequestHeader, Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import ALLOCATE_PRODUCER_IDS, INIT_PRODUCER_ID
-from raftlog.quorum.local import (
+from raftlog.quorum.interface import (
     PROPOSE_TIMEOUT_S_DEFAULT,
-    LocalNode,
-    LocalQuorum,
     NotControllerError,
     ProposalTimeoutError,
 )
+from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.server.listener import Body, RequestContext
 from raftlog.txn.init_producer_id import EPOCH_EXHAUSTED, ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager, ProducerIdsUnavailableError
@@ -172,11 +169,11 @@ async def test_concurrent_callers_get_distinct_ids(autojump_clock: trio.testing.
     assert sorted(got) == list(range(120))
 
 
-# --- The controller side: ControllerCore + ControllerService behind ControllerApis -----------
+# --- The controller side: ControllerCore + ControllerService behind ControllerRpcs -----------
 #
 # The one allocation path a node uses: ``BrokerLifecycle.allocate_block`` sends
 # AllocateProducerIds through the ``ControllerChannel`` (in-process on a combined node) to
-# ``ControllerApis``, whose handler calls ``ControllerService.allocate_producer_ids``: the core
+# ``ControllerRpcs``, whose handler calls ``ControllerService.allocate_producer_ids``: the core
 # decides the block, the service proposes it under its term and retries a lost CAS race.
 
 CONTROLLER_ID: Final = 1
@@ -226,7 +223,7 @@ class Controller:
     config: ServerConfig
     quorum: InterposedQuorum
     service: ControllerService
-    apis: ControllerApis
+    apis: ControllerRpcs
     nursery: trio.Nursery
 
     async def allocate(self, broker_id: int, broker_epoch: int) -> Struct:
@@ -257,17 +254,12 @@ async def controller_node(tmp_path: Path) -> AsyncIterator[Controller]:
     async with LocalQuorum(tmp_path / "meta", MetadataStateMachine(), node=node) as local:
         quorum = InterposedQuorum(local)
         service = ControllerService(quorum, settings_from_config(config))
-        manager = PartitionManager(tmp_path / "data", CONTROLLER_ID)
-        kafka_apis = KafkaApis(config, quorum, manager)
-        apis = ControllerApis(config, quorum, service, kafka_apis)
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(service.run)
-                await eventually(lambda: service.active, "the controller to start")
-                yield Controller(config, quorum, service, apis, nursery)
-                nursery.cancel_scope.cancel()
-        finally:
-            manager.close()
+        apis = ControllerRpcs(config, quorum, service)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await eventually(lambda: service.active, "the controller to start")
+            yield Controller(config, quorum, service, apis, nursery)
+            nursery.cancel_scope.cancel()
 
 
 async def eventually(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
@@ -287,7 +279,7 @@ async def test_a_combined_node_fills_its_manager_through_its_own_controller(
     tmp_path: Path,
 ) -> None:
     """node.py's wiring: ProducerIdManager <- BrokerLifecycle.allocate_block <- the channel,
-    in-process to ControllerApis <- ControllerService (proposals stamped with its term)."""
+    in-process to ControllerRpcs <- ControllerService (proposals stamped with its term)."""
     async with controller_node(tmp_path) as controller:
         quorum = controller.quorum
         channel = ControllerChannel(CONTROLLER_ID, quorum)

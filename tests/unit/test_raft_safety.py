@@ -38,18 +38,10 @@ from raftlog.metadata import errors, state
 from raftlog.metadata.records import Command, RegisterBroker, encode_command
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
 from raftlog.metadata.testing import MachineDriver
+from raftlog.quorum.raft_events import CANDIDATE, FOLLOWER, LEADER, Submission
+from raftlog.quorum.raft_settings import PYSYNCOBJ_DEFAULT_SETTINGS, RaftSettings
 from raftlog.quorum.raft_storage import DurableJournal, RaftSnapshot, encode_snapshot
-from raftlog.quorum.raft_syncobj import (
-    CANDIDATE,
-    FOLLOWER,
-    LEADER,
-    PYSYNCOBJ_DEFAULT_SETTINGS,
-    RaftApplyError,
-    RaftSettings,
-    RaftSyncObj,
-    Submission,
-    make_syncobj,
-)
+from raftlog.quorum.raft_syncobj import RaftApplyError, RaftSyncObj, make_syncobj
 from raftlog.quorum.raft_testing import free_port
 
 SECRET = "unit-test-secret"
@@ -523,7 +515,7 @@ def test_crash_after_snapshot_before_compaction_keeps_the_journal_tail(
         node.submit(command(i, term, f"tail-{i}"), lambda result, error: None)
     node.forceLogCompaction()
     node.doTick(0)
-    assert node._raft_snapshots_written == 1
+    assert node._raft_snapshots.written == 1
     snapshot_index = node.raftLastApplied
     assert node.journal[0][1] < snapshot_index < node.journal[-1][1], "not compacted yet"
     node._doDestroy()  # ... and the process dies before the next tick compacts the journal.

@@ -21,13 +21,13 @@ import pytest
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.encryptor import getEncryptor
 
-from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
-from raftlog.quorum.raft_syncobj import (
+from raftlog.quorum.raft_settings import (
     RaftSettings,
     UnsafeRaftConfigError,
     build_conf,
     check_conf,
 )
+from raftlog.quorum.raft_storage import JOURNAL_FILE_NAME, SNAPSHOT_FILE_NAME
 from raftlog.quorum.raft_transport import (
     HANDSHAKE_MESSAGE_MAX_BYTES,
     RAFT_COMMAND_MAX_BYTES,

@@ -27,7 +27,7 @@ from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
-from raftlog.quorum.local import Quorum
+from raftlog.quorum.interface import Quorum
 from raftlog.security.session import Session
 from raftlog.server.listener import (
     INFLIGHT_REQUESTS_MAX,
