@@ -92,7 +92,7 @@ class ProduceApis:
                     result, wait = _internal_topic_refusal(topic.name, data.index), None
                 else:
                     result, wait = self.append(topic.name, data.index, data.records,
-                                                request.acks, transactional_id)
+                                               request.acks, transactional_id)
                 results.setdefault(topic.name, []).append(result)
                 if isinstance(wait, _VerifiedAppend):
                     verifying.append(wait)
