@@ -25,7 +25,7 @@ import logging
 import resource
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
 
@@ -63,8 +63,8 @@ from raftlog.server.listener import (
     serve_listener,
 )
 from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
-from raftlog.txn.apis import install as install_transactions
-from raftlog.txn.coordinator_service import TxnSettings
+from raftlog.txn.apis import TxnApis, build_coordinator
+from raftlog.txn.coordinator_service import PendingOffsets, TxnSettings
 from raftlog.txn.init_producer_id import ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager
 
@@ -157,28 +157,35 @@ class Node:
             incarnation_id=lifecycle.incarnation_id,
             login=login,
         )
-        apis = KafkaApis(config, quorum, self.manager, replicas, gate=gate)
-        apis.metadata_caught_up = lambda: _registered_in_image(quorum, lifecycle, is_broker)
+        producer_ids = ProducerIdManager(lifecycle.allocate_block)
+        # --- transactions (raftlog.txn) and consumer groups (raftlog.group) need each other:
+        # the groups get the coordinator's verifiers (through the broker handlers) and its
+        # FindCoordinator lookup; the coordinator's markers complete the groups' offsets in
+        # transactions. The coordinator is built first and reaches the group service, built
+        # below, through _GroupPendingOffsets.
+        groups: GroupInstall
+        txn_service = build_coordinator(
+            config.node_id, quorum, self.manager, producer_ids, channel.call,
+            TxnSettings.from_config(config), login=login,
+            pending_offsets=_GroupPendingOffsets(lambda: groups.service.txn_offsets))
+        apis = KafkaApis(
+            config, quorum, self.manager, replicas, gate=gate,
+            txn_verifier=txn_service.verify_by_producer_id,
+            txn_produce_verifier=txn_service.verify_transactional_produce,
+            metadata_caught_up=lambda: _registered_in_image(quorum, lifecycle, is_broker))
         controller = ControllerService(quorum, settings_from_config(self._configured))
         controller_rpcs = ControllerRpcs(config, quorum, controller)
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
-        producer_ids = ProducerIdManager(lifecycle.allocate_block)
-        # --- consumer groups (raftlog.group): group APIs + FindCoordinator ---
-        groups = install_groups(config, quorum, self.manager, apis, forward=channel.call)
+        groups = install_groups(config, quorum, self.manager, apis, forward=channel.call,
+                                transaction_lookup=txn_service.locate)
         self.groups = groups
-        producer_apis = ProducerApis(producer_ids)
+        txn_apis = TxnApis(txn_service, gate)
+        producer_apis = ProducerApis(producer_ids, transactional_init=txn_apis.init_producer_id)
         handlers = _merge_handlers(
             apis.handlers(), producer_apis.handlers(), controller_rpcs.handlers(),
             controller_apis.handlers(),
-            groups.handlers, SaslApis(credentials).handlers(),
+            groups.handlers, SaslApis(credentials).handlers(), txn_apis.handlers(),
         )
-        # --- transactions (raftlog.txn): coordinator, txn handlers, produce verification ---
-        txn_service = install_transactions(
-            config.node_id, quorum, self.manager, apis, producer_apis, producer_ids, channel,
-            handlers, set_transaction_lookup=groups.coordinators.set_transaction_lookup,
-            pending_offsets=groups.service.txn_offsets,
-            settings=TxnSettings.from_config(config), gate=gate, login=login)
-        # --- end transactions ---
         channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
         self.manager.purge_leftover_deletions()
@@ -239,6 +246,21 @@ def _registered_in_image(quorum: Quorum, lifecycle: BrokerLifecycle, is_broker: 
         return True
     me = quorum.image.brokers.get(lifecycle.node_id)
     return me is not None and me.incarnation_id == lifecycle.incarnation_id
+
+
+class _GroupPendingOffsets:
+    """The transaction coordinator's ``PendingOffsets``: the group service's, looked up on
+    each call, because the coordinator is built before the group service (which needs the
+    coordinator's verifiers through the broker handlers)."""
+
+    def __init__(self, resolve: Callable[[], PendingOffsets]) -> None:
+        self._resolve = resolve
+
+    def complete(self, producer_id: int, index: int, commit: bool) -> None:
+        self._resolve().complete(producer_id, index, commit)
+
+    def has_pending(self, group: str, tp: tuple[str, int] | None = None) -> bool:
+        return self._resolve().has_pending(group, tp)
 
 
 def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:

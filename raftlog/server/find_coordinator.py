@@ -2,8 +2,11 @@
 
 * key_type 0 (group): the leader of the group's ``__consumer_offsets`` partition
   (:meth:`raftlog.group.service.GroupService.locate`).
-* key_type 1 (transaction): an optional lookup injected by the transaction coordinator
-  (:meth:`CoordinatorApis.set_transaction_lookup`); without one, COORDINATOR_NOT_AVAILABLE.
+* key_type 1 (transaction): the transaction coordinator's lookup
+  (:meth:`raftlog.txn.coordinator_service.TxnCoordinatorService.locate`), given to the
+  constructor; without one, COORDINATOR_NOT_AVAILABLE.
+
+This is the node's only FindCoordinator handler: both coordinators answer through it.
 
 A lookup is synchronous and returns a :class:`CoordinatorLocation`; one that must first
 create its internal topic starts that in the background and answers
@@ -38,14 +41,12 @@ CoordinatorLookup = Callable[[str], CoordinatorLocation]
 
 
 class CoordinatorApis:
+    """FindCoordinator, answered by the group and transaction coordinators' lookups."""
+
     def __init__(self, group_lookup: CoordinatorLookup,
                  transaction_lookup: CoordinatorLookup | None = None) -> None:
         self.group_lookup = group_lookup
         self.transaction_lookup = transaction_lookup
-
-    def set_transaction_lookup(self, lookup: CoordinatorLookup | None) -> None:
-        """The seam for the transaction coordinator."""
-        self.transaction_lookup = lookup
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {

@@ -1,9 +1,10 @@
 """Handlers of the transaction APIs: InitProducerId with a transactional id (delegated from
 ``raftlog.txn.init_producer_id``), AddPartitionsToTxn (24, v0-3; v4 with verify_only between
 brokers, not advertised), AddOffsetsToTxn (25, v0-3), EndTxn (26, v0-3), the internal
-WriteTxnMarkers (27, v0-1), FindCoordinator key_type 1, and the operator APIs DescribeProducers
-(61, v0), DescribeTransactions (65, v0) and ListTransactions (66, v0-1).
-TxnOffsetCommit (28) is a group API (``raftlog.group.txn_offsets``).
+WriteTxnMarkers (27, v0-1), and the operator APIs DescribeProducers (61, v0),
+DescribeTransactions (65, v0) and ListTransactions (66, v0-1). TxnOffsetCommit (28) is a group
+API (``raftlog.group.txn_offsets``); FindCoordinator key_type 1 is answered by
+``raftlog.server.find_coordinator`` with the lookup ``TxnCoordinatorService.locate``.
 
 AddOffsetsToTxn adds the group's ``__consumer_offsets`` partition (``abs(javaHash(group)) %
 partitions``, as the group coordinator routes it) to the transaction, and the group to
@@ -20,13 +21,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from raftlog.client.connection import ClusterLogin
 from raftlog.metadata.image import MetadataImage
-from raftlog.partition.manager import now_ms
+from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.protocol.codec import Api, Struct
 from raftlog.protocol.errors import ErrorCode
-from raftlog.protocol.schemas import CREATE_TOPICS, FIND_COORDINATOR
+from raftlog.protocol.internal_topics import OFFSETS_TOPIC_PARTITIONS
+from raftlog.protocol.schemas import CREATE_TOPICS
 from raftlog.protocol.schemas_txn import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
@@ -36,6 +39,7 @@ from raftlog.protocol.schemas_txn import (
     LIST_TRANSACTIONS,
     WRITE_TXN_MARKERS,
 )
+from raftlog.quorum.interface import Quorum
 from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 from raftlog.server.sasl import ClusterActionGate
 from raftlog.txn import coordinator as core
@@ -47,21 +51,11 @@ from raftlog.txn.coordinator_service import (
     TxnCoordinatorService,
     TxnSettings,
 )
+from raftlog.txn.producer_ids import ProducerIdManager
 
-if TYPE_CHECKING:
-    from raftlog.broker.apis import KafkaApis
-    from raftlog.broker.lifecycle import ControllerChannel
-    from raftlog.partition.manager import PartitionManager
-    from raftlog.quorum.interface import Quorum
-    from raftlog.txn.init_producer_id import ProducerApis
-    from raftlog.txn.producer_ids import ProducerIdManager
-
-__all__ = ["TXN_KEY_TYPE", "TxnApis", "fenced_code", "install"]
+__all__ = ["ControllerCall", "TxnApis", "build_coordinator", "fenced_code"]
 
 log = logging.getLogger(__name__)
-
-TXN_KEY_TYPE = 1
-OFFSETS_TOPIC_PARTITIONS = 10  # raftlog.group.service.OFFSETS_TOPIC_PARTITIONS
 
 
 def fenced_code(code: int, version: int, first_fenced_version: int) -> int:
@@ -73,11 +67,9 @@ def fenced_code(code: int, version: int, first_fenced_version: int) -> int:
 class TxnApis:
     """Transaction handlers bound to this node's coordinator service."""
 
-    def __init__(self, service: TxnCoordinatorService, gate: ClusterActionGate,
-                 find_coordinator_fallback: Handler | None = None) -> None:
+    def __init__(self, service: TxnCoordinatorService, gate: ClusterActionGate) -> None:
         self.service = service
         self.gate = gate  # AddPartitionsToTxn v4+ is for brokers only (KIP-890)
-        self.find_coordinator_fallback = find_coordinator_fallback
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -88,7 +80,6 @@ class TxnApis:
             DESCRIBE_PRODUCERS.key: self.describe_producers,
             DESCRIBE_TRANSACTIONS.key: self.describe_transactions,
             LIST_TRANSACTIONS.key: self.list_transactions,
-            FIND_COORDINATOR.key: self.find_coordinator,
         }
         return dict(table)
 
@@ -106,23 +97,6 @@ class TxnApis:
                     "producer_id": producer_id, "producer_epoch": epoch}
 
         return init
-
-    # -- FindCoordinator -------------------------------------------------------------------------
-
-    def find_coordinator(self, ctx: RequestContext) -> HandlerResult:
-        request = ctx.body
-        if request.key_type != TXN_KEY_TYPE:
-            if self.find_coordinator_fallback is not None:
-                return self.find_coordinator_fallback(ctx)
-            return _coordinator_body(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if not request.key:
-            return _coordinator_body(ErrorCode.INVALID_REQUEST)
-
-        async def lookup() -> Body:
-            error, node_id, host, port = await self.service.find_coordinator(request.key)
-            return _coordinator_body(error, node_id, host, port)
-
-        return lookup
 
     # -- AddPartitionsToTxn ----------------------------------------------------------------------
 
@@ -371,34 +345,34 @@ def _marker_sender_error(sender: int | None, coordinator_epochs: frozenset[int] 
     return int(ErrorCode.NOT_COORDINATOR)
 
 
-def _coordinator_body(error: int, node_id: int = -1, host: str = "", port: int = -1) -> Body:
-    return {"throttle_time_ms": 0, "error_code": int(error), "error_message": None,
-            "node_id": node_id, "host": host, "port": port}
+class ControllerCall(Protocol):
+    """A request to the active controller, retried elsewhere on NOT_CONTROLLER (the broker's
+    ``ControllerChannel.call``): how the coordinator creates ``__transaction_state``."""
+
+    async def __call__(self, api: Api, body: Mapping[str, Any], *, version: int,
+                       timeout_s: float, is_not_controller: Callable[[Struct], bool]
+                       ) -> Struct: ...
 
 
-def install(
+def build_coordinator(
     node_id: int,
     quorum: Quorum,
     manager: PartitionManager,
-    apis: KafkaApis,
-    producer_apis: ProducerApis,
     producer_ids: ProducerIdManager,
-    channel: ControllerChannel,
-    handlers: dict[int, Handler],
+    call_controller: ControllerCall,
     settings: TxnSettings | None = None,
     *,
-    set_transaction_lookup: Callable[[Callable[[str], Any]], None] | None = None,
     pending_offsets: PendingOffsets | None = None,
-    gate: ClusterActionGate | None = None,
     login: ClusterLogin | None = None,
 ) -> TxnCoordinatorService:
-    """Wires transactions into a node: the coordinator service (the caller runs
-    ``service.run`` in its nursery), the transaction handlers added to ``handlers`` (the
-    table ApiVersions advertises), the produce-path verifier and the transactional
-    InitProducerId. FindCoordinator key_type 0 keeps going to the handler already there."""
+    """This node's transaction coordinator (the caller runs ``service.run`` in its nursery):
+    it creates its topic through the controller and takes producer ids from this broker's
+    block. The node serves its handlers (``TxnApis``), gives its verifiers to the produce
+    path, its ``locate`` to FindCoordinator, and ``TxnApis.init_producer_id`` to
+    ``ProducerApis`` for InitProducerId with a transactional id."""
 
     async def create_topic(body: Mapping[str, Any]) -> Any:
-        return await channel.call(
+        return await call_controller(
             CREATE_TOPICS, body, version=4, timeout_s=10.0,
             is_not_controller=lambda r: any(
                 t.error_code == ErrorCode.NOT_CONTROLLER for t in r.topics))
@@ -406,18 +380,6 @@ def install(
     async def next_producer_id() -> int:
         return await producer_ids.next_producer_id(5.0)
 
-    service = TxnCoordinatorService(node_id, quorum, manager, next_producer_id,
-                                    create_topic=create_topic, settings=settings,
-                                    pending_offsets=pending_offsets, login=login)
-    txn_apis = TxnApis(service, gate or ClusterActionGate(),
-                       find_coordinator_fallback=handlers.get(FIND_COORDINATOR.key))
-    apis.txn_verifier = service.verify_by_producer_id
-    apis.txn_produce_verifier = service.verify_transactional_produce
-    producer_apis.transactional_init = txn_apis.init_producer_id
-    table = txn_apis.handlers()
-    if set_transaction_lookup is not None:
-        # The group engineer's FindCoordinator serves both key types; it asks us for key 1.
-        del table[FIND_COORDINATOR.key]
-        set_transaction_lookup(service.locate)
-    handlers.update(table)
-    return service
+    return TxnCoordinatorService(node_id, quorum, manager, next_producer_id,
+                                 create_topic=create_topic, settings=settings,
+                                 pending_offsets=pending_offsets, login=login)

@@ -20,7 +20,7 @@ InitProducerId without a transactional id (idempotent producers), versions 0-4:
   ``RPCProducerIdManager``; all three clients retry it.
 
 With a transactional id the request goes to the transaction coordinator
-(``raftlog.txn.apis``) when one is installed; without one the answer is
+(``raftlog.txn.apis``) when the node gives one; without one the answer is
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53): it is the one code that all three clients treat as
 fatal for InitProducerId, so the application gets an immediate, named error. The "natural"
 COORDINATOR_NOT_AVAILABLE (15) and NOT_COORDINATOR (16) are retriable everywhere
@@ -60,14 +60,16 @@ TRANSACTIONAL_ID_ERROR: Final = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 class ProducerApis:
-    """InitProducerId, bound to this broker's ``ProducerIdManager``."""
+    """InitProducerId, bound to this broker's ``ProducerIdManager``; with a transactional
+    id, ``transactional_init`` answers (the transaction coordinator's
+    ``TxnApis.init_producer_id``), and without one such requests are refused."""
 
-    def __init__(self, manager: ProducerIdManager, *, init_timeout_s: float = 5.0) -> None:
+    def __init__(self, manager: ProducerIdManager, *, init_timeout_s: float = 5.0,
+                 transactional_init: Callable[[RequestContext], HandlerResult] | None = None,
+                 ) -> None:
         self.manager = manager
         self.init_timeout_s = init_timeout_s
-        # InitProducerId with a transactional id: the transaction coordinator's handler
-        # (``TxnApis.init_producer_id``), set by ``raftlog.txn.install``.
-        self.transactional_init: Callable[[RequestContext], HandlerResult] | None = None
+        self.transactional_init = transactional_init
 
     def handlers(self) -> dict[int, Handler]:
         """InitProducerId only: AllocateProducerIds is the controller's (``ControllerApis``)."""

@@ -430,9 +430,10 @@ def test_delete_records_moves_the_start_in_the_handler_with_its_checks(
         p2.is_leader = False  # lost leadership before the handler ran
         apis = KafkaApis(config, cast(Quorum, SimpleNamespace(image=MetadataImage())),
                          manager)
-        answer = apis.delete_records(_delete_records_ctx({"topics": [{"name": "t", "partitions": [
-            {"partition_index": 0, "offset": 6}, {"partition_index": 1, "offset": 6},
-            {"partition_index": 2, "offset": 1}]}], "timeout_ms": 1000}))
+        answer = apis.delete_records_apis.delete_records(_delete_records_ctx({"topics": [
+            {"name": "t", "partitions": [
+                {"partition_index": 0, "offset": 6}, {"partition_index": 1, "offset": 6},
+                {"partition_index": 2, "offset": 1}]}], "timeout_ms": 1000}))
         starts = [p.log.log_start_offset for p in (p0, p1, p2)]
         p1.is_leader = False  # a role change once the handler has returned
         p1.leadership_generation += 1

@@ -337,7 +337,7 @@ def broker(tmp_path: Path) -> tuple[KafkaApis, PartitionManager]:
 
 async def fetched_values(apis: KafkaApis) -> list[bytes | None]:
     """Fetch from offset 0 (the body as the handler built it: records are file slices)."""
-    body = apis.fetch(fetch_request())
+    body = apis.fetch_apis.fetch(fetch_request())
     assert isinstance(body, dict)
     result = body["responses"][0]["partitions"][0]
     assert result["error_code"] == 0
@@ -356,11 +356,11 @@ async def test_produce_to_a_full_disk_gets_storage_error_and_reads_go_on(
     apis, manager = broker(tmp_path)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(manager.run_flusher)
-        ok = await call(apis.produce, produce_request(batch(0)))
+        ok = await call(apis.produce_apis.produce, produce_request(batch(0)))
         assert ok.responses[0].partition_responses[0].error_code == 0
         disk = disk_with(monkeypatch, free_bytes=100)
         for _ in range(3):  # every attempt: an answer, never a closed connection
-            refused = await call(apis.produce, produce_request(batch(4)))
+            refused = await call(apis.produce_apis.produce, produce_request(batch(4)))
             result = refused.responses[0].partition_responses[0]
             assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR
             assert "ENOSPC" in result.error_message
@@ -368,7 +368,7 @@ async def test_produce_to_a_full_disk_gets_storage_error_and_reads_go_on(
         assert await fetched_values(apis) == [b"%06d" % i + b"v" * 100 for i in range(4)]
         assert len(errors_about(caplog, "t-0")) == 1
         disk.free_bytes = None
-        again = await call(apis.produce, produce_request(batch(4)))
+        again = await call(apis.produce_apis.produce, produce_request(batch(4)))
         assert again.responses[0].partition_responses[0].base_offset == 4
         assert len(await fetched_values(apis)) == 8
         nursery.cancel_scope.cancel()
@@ -384,14 +384,14 @@ async def test_failed_fsync_takes_the_partition_offline_not_the_node(
     assert partition is not None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(manager.run_flusher)
-        ok = await call(apis.produce, produce_request(batch(0)))
+        ok = await call(apis.produce_apis.produce, produce_request(batch(0)))
         assert ok.responses[0].partition_responses[0].error_code == 0
         fsync = FailingOs(errno.EIO, failing=("fsync",))
         monkeypatch.setattr(raftlog.partition.log, "os", fsync)
 
         # acks=all waits for an fsync that fails: answered at once, not after the timeout.
         started = trio.current_time()
-        failed = await call(apis.produce, produce_request(batch(4), timeout_ms=30_000))
+        failed = await call(apis.produce_apis.produce, produce_request(batch(4), timeout_ms=30_000))
         assert failed.responses[0].partition_responses[0].error_code == \
             ErrorCode.KAFKA_STORAGE_ERROR
         assert trio.current_time() - started < 10
@@ -408,7 +408,7 @@ async def test_failed_fsync_takes_the_partition_offline_not_the_node(
         manager.note_append(other)
         assert await other.wait_high_watermark(info.last_offset + 1, trio.current_time() + 10)
 
-        refused = await call(apis.produce, produce_request(batch(8)))
+        refused = await call(apis.produce_apis.produce, produce_request(batch(8)))
         assert refused.responses[0].partition_responses[0].error_code == \
             ErrorCode.KAFKA_STORAGE_ERROR
         assert await fetched_values(apis) == [b"%06d" % i + b"v" * 100 for i in range(4)]

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 
-import raftlog.broker.apis as apis_module
+import raftlog.broker.topic_admin as topic_admin_module
 from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX, KafkaApis
 from raftlog.config import ServerConfig
 from raftlog.metadata.image import MetadataImage, PartitionImage, TopicImage, frozen_mapping
@@ -46,7 +46,7 @@ async def test_create_partitions_checks_the_count_on_the_image_it_plans_with(
         assert num_partitions <= PARTITIONS_PER_REQUEST_MAX, "placement of a huge count"
         return assign_replicas(num_partitions, *args, **kwargs)
 
-    monkeypatch.setattr(apis_module, "assign_replicas", placement_spy)
+    monkeypatch.setattr(topic_admin_module, "assign_replicas", placement_spy)
     config = ServerConfig.from_properties({"node.id": "1", "log.dirs": str(tmp_path)})
     manager = PartitionManager(tmp_path, node_id=1)
     quorum = SimpleNamespace(image=MetadataImage())  # the topic does not exist yet

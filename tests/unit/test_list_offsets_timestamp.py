@@ -367,7 +367,7 @@ def test_a_partition_named_twice_is_answered_invalid_request(tmp_path: Path) -> 
     raw = codec.encode_bytes(LIST_OFFSETS, 7, {"replica_id": -1, "topics": [
         {"name": "t", "partitions": entries}]}, is_request=True)
     body = codec.decode(LIST_OFFSETS, 7, raw, is_request=True)
-    answer = apis.list_offsets(RequestContext(
+    answer = apis.offset_apis.list_offsets(RequestContext(
         LIST_OFFSETS, RequestHeader(LIST_OFFSETS.key, 7, 1, "c"), body, "peer"))
     assert isinstance(answer, dict)
     got = [(r["partition_index"], r["error_code"], r["offset"])

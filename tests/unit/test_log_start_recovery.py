@@ -341,7 +341,7 @@ def test_list_offsets_earliest_answers_the_epoch_of_the_log_start(tmp_path: Path
             {"name": "t", "partitions": [{"partition_index": 0, "timestamp": -2,
                                           "current_leader_epoch": 7}]}]}, is_request=True)
         body = codec.decode(LIST_OFFSETS, 7, raw, is_request=True)
-        answer = apis.list_offsets(RequestContext(
+        answer = apis.offset_apis.list_offsets(RequestContext(
             LIST_OFFSETS, RequestHeader(LIST_OFFSETS.key, 7, 1, "c"), body, "peer"))
         assert isinstance(answer, dict)
         result = answer["topics"][0]["partitions"][0]

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import raftlog.partition.log as log_module
-from raftlog.broker.apis import follower_can_advance_start
+from raftlog.broker.fetch import follower_can_advance_start
 from raftlog.partition.batch import build_batch
 from raftlog.partition.log import LogConfig, PartitionLog
 from raftlog.partition.manager import Partition, PartitionManager, now_ms
