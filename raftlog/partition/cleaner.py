@@ -70,7 +70,9 @@ from raftlog.partition.compression import (
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.files import write_atomically
 from raftlog.partition.index import INT32_MAX
-from raftlog.partition.segment import DECOMPRESSED_RECORDS_BYTES_MAX, Segment
+from raftlog.partition.log_swap import CLEANED_SUFFIX
+from raftlog.partition.segment import Segment
+from raftlog.partition.segment_timestamps import DECOMPRESSED_RECORDS_BYTES_MAX
 
 __all__ = [
     "CLEANER_CHECKPOINT",
@@ -511,8 +513,6 @@ def write_cleaned_segment(directory: Path, sources: Sequence[CleanSource],
     while the output so far plus its size (an upper bound of its output) fits
     ``segment_bytes`` and its offsets fit int32 relative offsets. Blocking; on error
     nothing is left behind."""
-    from raftlog.partition.log import CLEANED_SUFFIX
-
     base = sources[0].segment.base_offset
     cleaned = Segment.create(directory, base, index_interval_bytes, file_suffix=CLEANED_SUFFIX)
     try:

@@ -33,7 +33,7 @@ from raftlog.partition.cleaner import (
     write_cleaner_checkpoint,
 )
 from raftlog.partition.errors import PartitionLogError
-from raftlog.partition.log import describe_os_error
+from raftlog.partition.log_health import describe_os_error
 
 if TYPE_CHECKING:
     from raftlog.partition.manager import Partition, PartitionManager

@@ -1,9 +1,10 @@
 """One log segment: a ``.log`` file of v2 record batches plus its sparse indexes.
 
-Files are named by the segment's base offset, zero-padded to 20 digits so ``ls`` sorts them
-numerically (Kafka's ``LogFileUtils``): ``<base>.log``, ``<base>.index``, ``<base>.timeindex``
-and ``<base>.txnindex`` (aborted transactions whose ABORT marker is in this segment, see
-``txn_index_file``; created empty with the segment, appended to, fsynced with the segment).
+Its files (named by ``segment_files``) are ``<base>.log``, ``<base>.index``,
+``<base>.timeindex`` and ``<base>.txnindex`` (aborted transactions whose ABORT marker is in
+this segment, see ``txn_index_file``; created empty with the segment, appended to, fsynced
+with the segment). Timestamp lookups narrow the search here with the indexes and decode
+records in ``segment_timestamps``.
 
 Offsets in a segment strictly increase but may have gaps: log compaction removes records and
 whole batches (``cleaner``), and a follower copies the leader's compacted batches as they are.
@@ -22,7 +23,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from raftlog.partition.batch import (
@@ -32,103 +32,28 @@ from raftlog.partition.batch import (
     check_header,
     check_stored_record_count,
     parse_header,
-    record_timestamps,
 )
-from raftlog.partition.compression import DecompressedSizeError, decompress_records
 from raftlog.partition.errors import CorruptRecordError, PartitionLogError
 from raftlog.partition.files import write_all, write_atomically
 from raftlog.partition.index import INT32_MAX, OffsetIndex, TimeIndex
+from raftlog.partition.segment_files import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    FileSlice,
+    segment_file_name,
+)
+from raftlog.partition.segment_timestamps import TimestampAndOffset, TimestampSearch
 from raftlog.partition.txn_index_file import entries_below
 
-__all__ = [
-    "INDEX_SUFFIX",
-    "LOG_SUFFIX",
-    "TIME_INDEX_SUFFIX",
-    "TXN_INDEX_SUFFIX",
-    "FileSlice",
-    "Segment",
-    "TimestampAndOffset",
-    "parse_base_offset",
-    "segment_file_name",
-]
+__all__ = ["Segment"]
 
 logger = logging.getLogger(__name__)
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIME_INDEX_SUFFIX = ".timeindex"
-TXN_INDEX_SUFFIX = ".txnindex"
-SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
-_BASE_OFFSET_DIGITS = 20
 # Header scans pread this much at a time: one syscall then covers every header of a run of
 # small batches, and costs the same as a 61-byte read for large ones.
 _SCAN_WINDOW_BYTES = 4096
-# ListOffsets by timestamp decompresses one batch on the event loop; a producer's batch may
-# be a compression bomb (its CRC only proves it arrived as sent: 1 MiB of gzip'd zeros is
-# ~1 GiB). A legitimate batch is at most max.message.bytes compressed (default ~1 MiB)
-# and was closed by its producer near batch.size (Java: 16 KiB estimated compressed;
-# librdkafka: 1 MB uncompressed), so its records decompress to a few MiB at most; 64 MiB
-# leaves room for a raised max.message.bytes and highly compressible data while bounding
-# what one lookup can allocate. Past it, the answer is at batch granularity.
-DECOMPRESSED_RECORDS_BYTES_MAX = 64 * 1024 * 1024
-# Batches whose records could not be read are remembered, per segment, so a ListOffsets
-# that lands on one again answers at batch granularity at once instead of decompressing it
-# again (up to the cap: ~200 ms on the event loop for a bomb) and warns once. Bounded: past
-# this many in one segment, the oldest is forgotten (and decoded again if asked for).
-_UNREADABLE_BATCHES_MAX = 1024
-
-
-def segment_file_name(base_offset: int, suffix: str) -> str:
-    return f"{base_offset:0{_BASE_OFFSET_DIGITS}d}{suffix}"
-
-
-def parse_base_offset(path: Path, suffix: str) -> int | None:
-    """The base offset encoded in a segment file name, or None for any other file."""
-    stem = path.name.removesuffix(suffix)
-    if path.name == stem or len(stem) != _BASE_OFFSET_DIGITS or not stem.isdigit():
-        return None
-    return int(stem)
-
-
-@dataclass(frozen=True, slots=True)
-class TimestampAndOffset:
-    """A ListOffsets answer: one record's timestamp and offset, and the partitionLeaderEpoch
-    of its batch (-1 when the batch has none), as Kafka's ``FileRecords.TimestampAndOffset``."""
-
-    timestamp_ms: int
-    offset: int
-    leader_epoch: int
-
-
-@dataclass(slots=True)
-class FileSlice:
-    """A byte range of a segment file with its own dup'd fd, owned by the caller.
-
-    Because the fd is private, retention deleting or closing the segment while the slice is
-    being sent (e.g. with os.sendfile) is harmless. Close it exactly when done.
-    """
-
-    fd: int
-    position: int
-    size_bytes: int
-
-    def read_bytes(self) -> bytes:
-        """pread the whole range (shorter only if the file was truncated meanwhile)."""
-        assert self.fd >= 0, "slice already closed"
-        chunks: list[bytes] = []
-        done = 0
-        while done < self.size_bytes:
-            chunk = os.pread(self.fd, self.size_bytes - done, self.position + done)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            done += len(chunk)
-        return b"".join(chunks)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 class Segment:
@@ -167,9 +92,7 @@ class Segment:
         self._append_fd: int | None = None
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_index_entry = 0
-        # (position, crc, decompression cap) of batches whose records could not be read,
-        # oldest first (a dict as an ordered set): not decoded again, warned about once.
-        self._unreadable: dict[tuple[int, int, int], None] = {}
+        self._timestamps = TimestampSearch()  # ListOffsets by timestamp, record-level
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -598,27 +521,13 @@ class Segment:
         ``timestamp_ms``, or None (Kafka's ``LogSegment.findOffsetByTimestamp``).
 
         The time index and batch headers find the first batch whose maxTimestamp reaches
-        the target; only that batch's records are decoded (decompressed if need be) to find
-        the record. Control batches are searched like any other, as Kafka does. A batch
-        whose records cannot be read answers at batch granularity: its maxTimestamp at its
-        first offset not below ``start_offset``.
+        the target; only that batch's records are decoded (``segment_timestamps``).
         """
         # Batches before this offset all have smaller timestamps (see TimeIndex).
         first_offset = max(self.time_index.offset_before(timestamp_ms), start_offset)
         _, position = self.index.lookup(first_offset)
-        for batch_position, header in self.iter_headers(position):
-            if header.max_timestamp < timestamp_ms or header.last_offset < start_offset:
-                continue
-            records = self._record_timestamps(batch_position, header)
-            if records is None:
-                return TimestampAndOffset(header.max_timestamp,
-                                          max(header.base_offset, start_offset),
-                                          _batch_epoch(header))
-            for offset, record_timestamp_ms in records:
-                if record_timestamp_ms >= timestamp_ms and offset >= start_offset:
-                    return TimestampAndOffset(record_timestamp_ms, offset,
-                                              _batch_epoch(header))
-        return None
+        return self._timestamps.find_timestamp(self.iter_headers(position), self._read_fd,
+                                               self.log_path, timestamp_ms, start_offset)
 
     def find_max_timestamp(self) -> TimestampAndOffset | None:
         """The earliest record carrying this segment's largest timestamp, or None when the
@@ -627,57 +536,8 @@ class Segment:
         a batch whose records cannot be read answers its base offset. Not bounded by the
         log start offset (see PartitionLog.find_max_timestamp)."""
         _, position = self.index.lookup(self._offset_of_max_timestamp)
-        for batch_position, header in self.iter_headers(position):
-            if header.max_timestamp != self.max_timestamp_ms:
-                continue
-            records = self._record_timestamps(batch_position, header)
-            if records is None:
-                return TimestampAndOffset(header.max_timestamp, header.base_offset,
-                                          _batch_epoch(header))
-            for offset, record_timestamp_ms in records:
-                if record_timestamp_ms == header.max_timestamp:
-                    return TimestampAndOffset(header.max_timestamp, offset,
-                                              _batch_epoch(header))
-            return None  # Kafka too stops at the first batch with that maxTimestamp
-        return None
-
-    def _record_timestamps(self, position: int, header: BatchHeader
-                           ) -> list[tuple[int, int]] | None:
-        """(offset, timestamp_ms) of each record of the batch at ``position``, or None when
-        the records are unreadable: a codec library missing, records that decompress past
-        DECOMPRESSED_RECORDS_BYTES_MAX, or bytes a producer encoded wrongly (the CRC only
-        proves they arrived as sent; offset deltas outside the batch included). The caller
-        then answers at batch granularity. An unreadable batch is remembered (keyed by its
-        position, CRC and the cap), so the next lookup answers without decoding it again."""
-        if (position, header.crc, DECOMPRESSED_RECORDS_BYTES_MAX) in self._unreadable:
-            return None
-        records: memoryview | bytes | bytearray = \
-            memoryview(os.pread(self._read_fd, header.size_bytes, position))[
-                RECORD_BATCH_OVERHEAD:]
-        try:
-            if header.compression_codec:
-                records = decompress_records(header.compression_codec, records,
-                                             max_bytes=DECOMPRESSED_RECORDS_BYTES_MAX)
-            return record_timestamps(header, records)
-        except DecompressedSizeError as error:
-            self._warn_unreadable(position, header, str(error))
-        except Exception as error:  # codec libraries raise their own types; never crash
-            self._warn_unreadable(position, header, f"{type(error).__name__}: {error}")
-        return None
-
-    def _warn_unreadable(self, position: int, header: BatchHeader, reason: str) -> None:
-        """Remember the batch as unreadable and warn (once: it is not decoded again)."""
-        if len(self._unreadable) >= _UNREADABLE_BATCHES_MAX:
-            del self._unreadable[next(iter(self._unreadable))]
-        self._unreadable[(position, header.crc, DECOMPRESSED_RECORDS_BYTES_MAX)] = None
-        logger.warning("%s: cannot read the records of the batch at offset %d (%s); answering "
-                       "ListOffsets at batch granularity", self.log_path, header.base_offset,
-                       reason)
-
-
-def _batch_epoch(header: BatchHeader) -> int:
-    # Kafka answers a batch's partitionLeaderEpoch only when it is set (>= 0).
-    return header.partition_leader_epoch if header.partition_leader_epoch >= 0 else -1
+        return self._timestamps.find_max_timestamp(self.iter_headers(position), self._read_fd,
+                                                   self.log_path, self.max_timestamp_ms)
 
 
 def _open_read(path: Path) -> int:

@@ -12,7 +12,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import raftlog.partition.log as log_module
+import raftlog.partition.log_swap as log_swap
 from raftlog.partition.batch import Record, build_batch, decode_records, parse_header
 from raftlog.partition.cleaner import read_cleaner_checkpoint
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner, PassResult
@@ -275,9 +275,9 @@ def crash_at() -> Iterator[list[str]]:
         if steps and step == steps[0]:
             raise Crash(step)
 
-    log_module.swap_crash_hook = hook
+    log_swap.swap_crash_hook = hook
     yield steps
-    log_module.swap_crash_hook = None
+    log_swap.swap_crash_hook = None
 
 
 @pytest.mark.parametrize("step", SWAP_STEPS)

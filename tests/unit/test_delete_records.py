@@ -17,7 +17,8 @@ from typing import Any, cast
 import pytest
 import trio
 
-import raftlog.partition.log as log_module
+import raftlog.partition.log_retention as log_retention
+import raftlog.partition.log_start_checkpoint as log_start_checkpoint
 from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
 from raftlog.metadata.image import MetadataImage
@@ -180,7 +181,7 @@ def test_failed_checkpoint_changes_nothing_and_a_retry_writes_it(
     the start survives a restart (the review's finding: memory moved, disk did not, the
     retry answered NONE without writing, and records 0-5 came back after a restart)."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
+    monkeypatch.setattr(log_retention, "replace_log_start_checkpoint", _full_disk)
     with pytest.raises(OSError):
         log.advance_log_start_offset(6)
     assert (log.log_start_offset, log.segment_base_offsets) == (0, [0, 4, 8])
@@ -208,7 +209,7 @@ def test_failed_retention_checkpoint_deletes_nothing(
     """Retention checkpoints the new start before it unlinks a segment: a failure leaves
     every segment and the start as they were (it used to unlink first)."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
+    monkeypatch.setattr(log_retention, "replace_log_start_checkpoint", _full_disk)
     with pytest.raises(OSError):
         log.enforce_retention(T0 + 100 * 24 * 3600 * 1000)  # both sealed segments expired
     assert (log.log_start_offset, log.segment_base_offsets) == (0, [0, 4, 8])
@@ -226,7 +227,7 @@ def test_failed_reset_checkpoint_leaves_the_log_as_it_was(
     """A follower's reset (its end below the leader's start) writes the new start first; a
     failure there is a KafkaStorageError (the follower backs off and retries)."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "_replace_checkpoint", _full_disk)
+    monkeypatch.setattr(log_retention, "replace_log_start_checkpoint", _full_disk)
     with pytest.raises(KafkaStorageError):
         log.reset_to(20)
     assert not (tmp_path / "topic-0" / "00000000000000000020.log").exists(), "no stray segment"
@@ -350,7 +351,7 @@ def test_a_failed_checkpoint_write_leaves_no_temp_file(
     """Review 2: every failed write (ENOSPC in write_all or fsync) left a new uniquely named
     temp file; a follower retrying every backoff filled the directory."""
     log = three_segment_log(tmp_path)
-    monkeypatch.setattr(log_module, "write_all", _full_disk)
+    monkeypatch.setattr(log_start_checkpoint, "write_all", _full_disk)
     for _ in range(20):
         with pytest.raises(OSError):
             log.advance_log_start_offset(4)
@@ -366,14 +367,14 @@ def test_the_unlinks_are_made_durable_by_a_directory_fsync(
     partition never runs. One directory fsync now follows them."""
     log = three_segment_log(tmp_path)
     directory = tmp_path / "topic-0"
-    real_fsync_directory = log_module.fsync_directory
+    real_fsync_directory = log_retention.fsync_directory
     after_unlink: list[bool] = []
 
     def recording(path: Path) -> None:
         after_unlink.append(not (directory / "00000000000000000000.log").exists())
         real_fsync_directory(path)
 
-    monkeypatch.setattr(log_module, "fsync_directory", recording)
+    monkeypatch.setattr(log_retention, "fsync_directory", recording)
     assert log.advance_log_start_offset(9)
     assert after_unlink == [False, True], "checkpoint fsync, then one after the unlinks"
     log.close()
@@ -389,7 +390,7 @@ def test_a_failed_directory_fsync_after_the_rename_takes_the_log_offline(
     def failing(path: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(log_module, "fsync_directory", failing)
+    monkeypatch.setattr(log_retention, "fsync_directory", failing)
     with pytest.raises(KafkaStorageError):
         log.advance_log_start_offset(9)
     monkeypatch.undo()

@@ -23,6 +23,7 @@ import trio
 
 import raftlog.partition.files
 import raftlog.partition.log
+import raftlog.partition.log_flush
 import raftlog.partition.manager
 import raftlog.partition.segment
 from raftlog.broker.apis import KafkaApis
@@ -387,7 +388,7 @@ async def test_failed_fsync_takes_the_partition_offline_not_the_node(
         ok = await call(apis.produce_apis.produce, produce_request(batch(0)))
         assert ok.responses[0].partition_responses[0].error_code == 0
         fsync = FailingOs(errno.EIO, failing=("fsync",))
-        monkeypatch.setattr(raftlog.partition.log, "os", fsync)
+        monkeypatch.setattr(raftlog.partition.log_flush, "os", fsync)
 
         # acks=all waits for an fsync that fails: answered at once, not after the timeout.
         started = trio.current_time()
@@ -401,7 +402,7 @@ async def test_failed_fsync_takes_the_partition_offline_not_the_node(
         assert "fsync" in line and "EIO" in line and "offline" in line
 
         # The flusher is still running: other partitions keep committing.
-        monkeypatch.setattr(raftlog.partition.log, "os", os)
+        monkeypatch.setattr(raftlog.partition.log_flush, "os", os)
         other = manager.get("other", 0)
         assert other is not None
         info = other.log.append(batch(0), leader_epoch=0, now_ms=now_ms())

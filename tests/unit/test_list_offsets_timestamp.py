@@ -21,7 +21,7 @@ import cramjam
 import crc32c
 import pytest
 
-import raftlog.partition.segment as segment_module
+import raftlog.partition.segment_timestamps as segment_timestamps
 from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
 from raftlog.metadata.image import MetadataImage
@@ -29,7 +29,7 @@ from raftlog.partition.batch import RECORD_BATCH_OVERHEAD, parse_header, record_
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.log import LOG_APPEND_TIME, LogConfig, PartitionLog
 from raftlog.partition.manager import PartitionManager
-from raftlog.partition.segment import TimestampAndOffset
+from raftlog.partition.segment_timestamps import TimestampAndOffset
 from raftlog.protocol import codec
 from raftlog.protocol.codec import RequestHeader
 from raftlog.protocol.errors import ErrorCode
@@ -287,7 +287,7 @@ def test_decompression_past_the_cap_falls_back_to_the_batch(
         tmp_path: Path, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
     cap_bytes = 64 * 1024
-    monkeypatch.setattr(segment_module, "DECOMPRESSED_RECORDS_BYTES_MAX", cap_bytes)
+    monkeypatch.setattr(segment_timestamps, "DECOMPRESSED_RECORDS_BYTES_MAX", cap_bytes)
     log = open_log(tmp_path)
     log.append(timed_batch([T0 + 1]), leader_epoch=0, now_ms=T0)
     bomb = _bomb_batch(8 * 1024 * 1024)
@@ -302,7 +302,7 @@ def test_decompression_past_the_cap_falls_back_to_the_batch(
         tracemalloc.stop()
     assert "more than 65536 bytes" in caplog.text, "the cap, not another failure"
     assert peak_bytes < 16 * cap_bytes, "decompression stopped near the cap"
-    monkeypatch.setattr(segment_module, "DECOMPRESSED_RECORDS_BYTES_MAX", 16 * 1024 * 1024)
+    monkeypatch.setattr(segment_timestamps, "DECOMPRESSED_RECORDS_BYTES_MAX", 16 * 1024 * 1024)
     assert answer(log, T0 + 2) == (1, T0 + 5), "below the cap: record granular"
     log.close()
 
@@ -334,15 +334,15 @@ def test_an_unreadable_batch_is_not_decoded_again(tmp_path: Path,
     """Review 2: a batch past the decompression cap (or otherwise unreadable) was
     decompressed again on every lookup, ~200 ms on the event loop each for a bomb. It is now
     remembered per segment and answered at batch granularity at once."""
-    monkeypatch.setattr(segment_module, "DECOMPRESSED_RECORDS_BYTES_MAX", 64 * 1024)
+    monkeypatch.setattr(segment_timestamps, "DECOMPRESSED_RECORDS_BYTES_MAX", 64 * 1024)
     calls: list[int] = []
-    real = segment_module.decompress_records
+    real = segment_timestamps.decompress_records
 
     def counting(codec: int, data: bytes, *, max_bytes: int | None) -> object:
         calls.append(codec)
         return real(codec, data, max_bytes=max_bytes)
 
-    monkeypatch.setattr(segment_module, "decompress_records", counting)
+    monkeypatch.setattr(segment_timestamps, "decompress_records", counting)
     log = open_log(tmp_path)
     log.append(timed_batch([T0 + 1]), leader_epoch=0, now_ms=T0)
     log.append(_bomb_batch(1024 * 1024), leader_epoch=0, now_ms=T0)

@@ -17,7 +17,8 @@ import trio.testing
 
 import raftlog.partition.epoch_cache as epoch_cache_module
 import raftlog.partition.files as files
-import raftlog.partition.log as log_module
+import raftlog.partition.log_retention as log_retention
+import raftlog.partition.log_truncation as log_truncation
 from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
 from raftlog.metadata.image import MetadataImage
@@ -103,7 +104,7 @@ def test_failed_directory_fsync_after_the_checkpoint_takes_the_log_offline(
     log.assign_leader_epoch(3)
     for _ in range(10):
         log.append(one(), leader_epoch=3, now_ms=T0)
-    monkeypatch.setattr(log_module, "fsync_directory", eio)
+    monkeypatch.setattr(log_retention, "fsync_directory", eio)
     monkeypatch.setattr(files, "fsync_directory", eio)  # the epoch file's rewrite fails too
     with pytest.raises(KafkaStorageError):
         log.advance_log_start_offset(5)
@@ -143,7 +144,8 @@ def test_an_offline_log_is_neither_truncated_nor_reset(
         log.append(one(), leader_epoch=0, now_ms=T0)
     log.mark_offline("fsync", OSError(errno.EIO, "Input/output error"))
     calls: list[Path] = []
-    monkeypatch.setattr(log_module, "fsync_directory", calls.append)
+    monkeypatch.setattr(log_retention, "fsync_directory", calls.append)
+    monkeypatch.setattr(log_truncation, "fsync_directory", calls.append)
     bases = log.segment_base_offsets
     with pytest.raises(KafkaStorageError):
         log.truncate_to(4)

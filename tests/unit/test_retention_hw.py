@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-import raftlog.partition.log as log_module
+import raftlog.partition.log_retention as log_retention
 from raftlog.broker.fetch import follower_can_advance_start
 from raftlog.partition.batch import build_batch
 from raftlog.partition.log import LogConfig, PartitionLog
@@ -127,7 +127,7 @@ def test_a_failed_directory_fsync_in_retention_takes_the_log_offline(
         def failing(path: Path) -> None:
             raise OSError(errno.EIO, "Input/output error")
 
-        monkeypatch.setattr(log_module, "fsync_directory", failing)
+        monkeypatch.setattr(log_retention, "fsync_directory", failing)
         assert manager.enforce_retention() == 0, "a warning, not an exception"
         monkeypatch.undo()
         assert partition.log.offline_reason is not None
