@@ -44,6 +44,7 @@ from raftlog.config import ServerConfig
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
+from raftlog.group.txn_offsets import TxnWriteVerifier
 from raftlog.metadata.state import MetadataStateMachine
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
@@ -62,7 +63,7 @@ from raftlog.server.listener import (
 )
 from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
 from raftlog.txn.apis import install as install_transactions
-from raftlog.txn.coordinator_service import TxnSettings
+from raftlog.txn.coordinator_service import PendingVerification, TxnSettings, Verdict
 from raftlog.txn.init_producer_id import ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager
 
@@ -85,9 +86,12 @@ class Node:
         # without ``cluster.id`` makes up its own on first start (see ``RaftQuorum``).
         self._configured = config
         self.data_dir = Path(config.log_dirs[0])
-        self.manager = PartitionManager(self.data_dir, config.node_id)
-        self.manager.producer_id_expiration_ms = config.producer_id_expiration_ms
-        self.manager.retention_check_interval_ms = config.log_retention_check_interval_ms
+        self.manager = PartitionManager(
+            self.data_dir, config.node_id,
+            retention_check_interval_ms=config.log_retention_check_interval_ms,
+            producer_id_expiration_ms=config.producer_id_expiration_ms,
+            producer_id_expiration_check_interval_ms=(
+                config.producer_id_expiration_check_interval_ms))
         self.cleaner = LogCleaner(self.manager, CleanerSettings(
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
@@ -161,7 +165,8 @@ class Node:
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
         producer_ids = ProducerIdManager(lifecycle.allocate_block)
         # --- consumer groups (raftlog.group): group APIs + FindCoordinator ---
-        groups = install_groups(config, quorum, self.manager, apis, forward=channel.call)
+        groups = install_groups(config, quorum, self.manager, forward=channel.call,
+                                verify_txn_write=_txn_write_verifier(apis))
         self.groups = groups
         producer_apis = ProducerApis(producer_ids)
         handlers = _merge_handlers(
@@ -188,6 +193,7 @@ class Node:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.manager.run_flusher)
                 nursery.start_soon(self.manager.run_retention)
+                nursery.start_soon(self.manager.run_producer_expiration)
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
@@ -217,6 +223,22 @@ class Node:
         lifecycle = self.lifecycle
         if lifecycle is not None:
             await lifecycle.controlled_shutdown(timeout_s)
+
+
+def _txn_write_verifier(apis: KafkaApis) -> TxnWriteVerifier:
+    """TxnOffsetCommit's transaction check: the produce path's verifier, which the
+    transactions install (after the groups') puts on ``apis``; none without transactions."""
+
+    def verify(topic: str, index: int, transactional_id: str | None, producer_id: int,
+               epoch: int) -> Verdict | PendingVerification:
+        if apis.txn_produce_verifier is not None:
+            return apis.txn_produce_verifier(topic, index, transactional_id, producer_id,
+                                             epoch)
+        if apis.txn_verifier is not None:
+            return apis.txn_verifier(topic, index, producer_id, epoch)
+        return None
+
+    return verify
 
 
 def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:

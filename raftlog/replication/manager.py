@@ -34,13 +34,14 @@ import trio
 from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.metadata import errors as metadata_errors
 from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
-from raftlog.partition.batch import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
+from raftlog.partition.append import AppendOrigin
+from raftlog.partition.batch import BATCH_LENGTH_OFFSET, LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from raftlog.partition.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from raftlog.partition.errors import PartitionLogError, UnexpectedOffsetError
 from raftlog.partition.files import write_atomically
 from raftlog.partition.log import KafkaStorageError
-from raftlog.partition.manager import Partition, PartitionManager, now_ms
-from raftlog.partition.producer_state import headers_in
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition, now_ms
 from raftlog.partition.replica_state import LeaderState, PendingIsr
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
@@ -271,71 +272,28 @@ class ReplicaManager:
             # NOT_LEADER_OR_FOLLOWER and retry) and the next metadata change retries the open.
             log.error("cannot open partition %s-%d: %s", topic, state.partition, exc)
             return None
-        partition.is_leader = False  # until its role is set below
-        partition.leader_id = NO_LEADER
-        if len(state.replicas) > 1:
-            # Only a single replica may treat everything it recovered as committed.
-            checkpointed = self._checkpointed_hws.get((topic, state.partition))
-            start = partition.log.log_start_offset
-            hw = start if checkpointed is None else max(checkpointed, start)
-            partition.high_watermark = min(hw, partition.log.log_end_offset)
+        partition.await_role(self._checkpointed_hws.get((topic, state.partition)),
+                             replicated=len(state.replicas) > 1)
         return partition
 
     def become_leader(self, partition: Partition, state: PartitionImage) -> None:
         """This node leads ``partition`` at ``state.leader_epoch`` (idempotent per epoch; an
         image with the same epoch only updates replicas and ISR)."""
-        current = partition.leader_state
-        now = now_ms()
-        if partition.is_leader and current is not None and \
-                current.leader_epoch == state.leader_epoch:
-            partition.replicas = state.replicas
-            current.update_replicas(state.replicas, now)
-            if current.update_isr(state.isr, state.partition_epoch):
-                partition.isr = current.isr
-                partition.partition_epoch = current.partition_epoch
-            self.manager.update_high_watermark(partition)
-            return
-        self._stop_following((partition.topic, partition.index))
-        partition.log.assign_leader_epoch(state.leader_epoch)
-        partition.is_leader = True
-        partition.leader_id = self.node_id
-        partition.leader_epoch = state.leader_epoch
-        partition.replicas = state.replicas
-        partition.isr = state.isr
-        partition.partition_epoch = state.partition_epoch
-        partition.leader_state = LeaderState(
-            node_id=self.node_id,
-            replicas=state.replicas,
-            isr=state.isr,
-            leader_epoch=state.leader_epoch,
-            partition_epoch=state.partition_epoch,
-            epoch_start_offset=partition.log.log_end_offset,
-            now_ms=now,
-        )
-        log.info("partition %s-%d: leader at epoch %d, ISR %s, offsets [%d, %d), HW %d",
-                 partition.topic, partition.index, state.leader_epoch, list(state.isr),
-                 partition.log.log_start_offset, partition.log.log_end_offset,
-                 partition.high_watermark)
-        self.manager.note_role_change(partition)
+        if not partition.leads_epoch(state.leader_epoch):
+            self._stop_following((partition.topic, partition.index))
+        if partition.become_leader(self.node_id, state, now_ms()):
+            log.info("partition %s-%d: leader at epoch %d, ISR %s, offsets [%d, %d), HW %d",
+                     partition.topic, partition.index, state.leader_epoch, list(state.isr),
+                     partition.log.log_start_offset, partition.log.log_end_offset,
+                     partition.high_watermark)
+            self.manager.note_role_change(partition)
         self.manager.update_high_watermark(partition)
 
     def become_follower(self, partition: Partition, state: PartitionImage) -> None:
         """This node follows ``state.leader`` (or nobody, when it is -1) at its epoch."""
         key = (partition.topic, partition.index)
-        partition.replicas = state.replicas
-        partition.isr = state.isr
-        partition.partition_epoch = state.partition_epoch
-        followed = self._followed.get(key)
-        if (not partition.is_leader and partition.leader_epoch == state.leader_epoch
-                and partition.leader_id == state.leader
-                and (followed is not None or state.leader == NO_LEADER)):
+        if not partition.become_follower(state, following=key in self._followed):
             return  # same leader, same epoch: nothing to do
-        if partition.is_leader:
-            partition.leadership_generation += 1
-        partition.is_leader = False
-        partition.leader_state = None
-        partition.leader_id = state.leader
-        partition.leader_epoch = state.leader_epoch
         self._stop_following(key)
         self.manager.note_role_change(partition)
         log.info("partition %s-%d: follower of %d at epoch %d, offsets [%d, %d)",
@@ -354,11 +312,7 @@ class ReplicaManager:
 
     def _go_offline(self, partition: Partition) -> None:
         self._stop_following((partition.topic, partition.index))
-        if partition.is_leader:
-            partition.leadership_generation += 1
-        partition.is_leader = False
-        partition.leader_state = None
-        partition.leader_id = NO_LEADER
+        partition.go_offline()
         self.manager.note_role_change(partition)
 
     def _stop_following(self, key: PartitionKey) -> None:
@@ -476,9 +430,7 @@ class ReplicaManager:
         if error == ErrorCode.NONE:
             if committed is not None and committed.leader == self.node_id and \
                     committed.leader_epoch == state.leader_epoch:
-                state.update_isr(committed.isr, committed.partition_epoch)
-                partition.isr = state.isr
-                partition.partition_epoch = state.partition_epoch
+                partition.take_committed_isr(committed.isr, committed.partition_epoch)
                 log.info("partition %s-%d: ISR now %s (partition epoch %d)", partition.topic,
                          partition.index, list(state.isr), state.partition_epoch)
             else:
@@ -820,10 +772,7 @@ class LeaderFetcher:
         if not data:
             return True  # nothing new: still learn the leader's HW
         try:
-            partition.log.append_replicated(data, now_ms=now_ms())
-            # Followers replay producer state from what the leader checked, so a follower that
-            # becomes leader deduplicates retries exactly as the old leader would have.
-            partition.producers.rebuild(headers_in(data), now_ms())
+            partition.append(data, AppendOrigin.REPLICATION)
         except UnexpectedOffsetError as exc:
             log.warning("partition %s-%d: %s; validating the epoch again", partition.topic,
                         partition.index, exc)
@@ -834,7 +783,6 @@ class LeaderFetcher:
                       partition.topic, partition.index, exc)
             assignment.delayed_until = trio.current_time() + self.settings.fetch_backoff_ms / 1000
             return False
-        self.manager.note_append(partition)
         return True
 
     async def _sync_and_advance(
@@ -943,7 +891,8 @@ def _whole_batches(records: memoryview | bytes | None) -> memoryview:
     view = memoryview(records)
     position = 0
     while len(view) - position >= RECORD_BATCH_OVERHEAD:
-        batch_length = int.from_bytes(view[position + 8:position + 12], "big", signed=True)
+        batch_length = int.from_bytes(view[position + BATCH_LENGTH_OFFSET:position + LOG_OVERHEAD],
+                                      "big", signed=True)
         size = batch_length + LOG_OVERHEAD
         if batch_length <= 0 or position + size > len(view):
             break

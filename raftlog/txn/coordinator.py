@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import coordinator_partition
 
 __all__ = [
     "DEFAULT_TXN_TIMEOUT_MS",
@@ -107,16 +108,9 @@ class Transition:
         return self.new.producer_epoch if self.new is not None else NO_EPOCH
 
 
-def partition_for(transactional_id: str, partitions: int) -> int:
-    """Kafka's ``Utils.abs(transactionalId.hashCode) % partitions`` (Java String.hashCode
-    over UTF-16 code units), so ids map to the same partitions as in Kafka."""
-    h = 0
-    data = transactional_id.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    if h >= 2**31:
-        h -= 2**32
-    return (h & 0x7FFFFFFF if h == -(2**31) else abs(h)) % partitions
+# Kept for ``raftlog.txn.apis`` (``core.partition_for``) until it calls
+# ``coordinator_partition`` itself; the one definition is in ``protocol.internal_topics``.
+partition_for = coordinator_partition
 
 
 def _fence(current: TxnMetadata, producer_id: int, epoch: int) -> ErrorCode | None:

@@ -42,16 +42,19 @@ import trio
 
 from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.metadata.image import NO_LEADER, MetadataImage
+from raftlog.partition.append import AppendOrigin
 from raftlog.partition.batch import BatchHeader, build_batch, check_batch, decode_records
 from raftlog.partition.errors import PartitionLogError
-from raftlog.partition.manager import Partition, PartitionManager, Replicated, now_ms
-from raftlog.partition.producer_state import NO_OFFSET, header_at
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition, Replicated, now_ms
+from raftlog.partition.producer_state import NO_OFFSET
 from raftlog.partition.txn_index import build_marker
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.internal_topics import (
     OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
     UndecodableRecords,
+    coordinator_partition,
 )
 from raftlog.protocol.schemas_txn import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
 from raftlog.quorum.local import Quorum
@@ -128,8 +131,6 @@ class TxnSettings:
     min_isr: int = 2  # transaction.state.log.min.isr (capped at the RF)
     max_timeout_ms: int = core.MAX_TXN_TIMEOUT_MS  # transaction.max.timeout.ms
     abort_check_interval_s: float = 1.0  # ...abort.timed.out.transaction.cleanup.interval.ms
-    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
-    expiration_check_interval_s: float = 600.0  # producer.id.expiration.check.interval.ms
 
     @classmethod
     def from_config(cls, config: Any) -> TxnSettings:
@@ -137,9 +138,7 @@ class TxnSettings:
         return cls(
             max_timeout_ms=config.transaction_max_timeout_ms,
             abort_check_interval_s=(
-                config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000),
-            producer_id_expiration_ms=config.producer_id_expiration_ms,
-            expiration_check_interval_s=config.producer_id_expiration_check_interval_ms / 1000)
+                config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000))
 
 
 @dataclass(eq=False)
@@ -208,7 +207,6 @@ class TxnCoordinatorService:
                 self._nursery = nursery
                 nursery.start_soon(self._watch_leadership)
                 nursery.start_soon(self._abort_timed_out)
-                nursery.start_soon(self._expire_producers)
                 task_status.started()
         finally:
             for connection in [*self._connections.values(),
@@ -277,7 +275,7 @@ class TxnCoordinatorService:
             count = self._txn_partition_count(image)
             if count is None:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, "", -1
-        index = core.partition_for(transactional_id, count)
+        index = coordinator_partition(transactional_id, count)
         leader = image.topics[TXN_TOPIC].partitions[index].leader
         broker = image.brokers.get(leader)
         if leader == NO_LEADER or broker is None:
@@ -294,7 +292,7 @@ class TxnCoordinatorService:
                 self._nursery.start_soon(self._ensure_topic)
             return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                        message=f"creating {TXN_TOPIC}")
-        index = core.partition_for(transactional_id, count)
+        index = coordinator_partition(transactional_id, count)
         leader = image.topics[TXN_TOPIC].partitions[index].leader
         broker = image.brokers.get(leader)
         if leader == NO_LEADER or broker is None:
@@ -328,7 +326,7 @@ class TxnCoordinatorService:
         count = self._txn_partition_count(self.quorum.image)
         if count is None:
             raise NotCoordinatorError(ErrorCode.NOT_COORDINATOR)
-        index = core.partition_for(transactional_id, count)
+        index = coordinator_partition(transactional_id, count)
         if index in self._loading:
             raise NotCoordinatorError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         state = self.owned.get(index)
@@ -457,19 +455,17 @@ class TxnCoordinatorService:
         if partition is None or not partition.is_leader or \
                 partition.leader_epoch != state.coordinator_epoch:
             return ErrorCode.NOT_COORDINATOR
-        if partition.isr_size < partition.min_insync_replicas:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         batch = build_batch([(metadata.transactional_id.encode(),
                               core.encode_metadata(metadata), ())], timestamp_ms=now_ms())
         try:
-            info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
-                                        now_ms=now_ms())
+            appended = partition.append(batch, AppendOrigin.COORDINATOR)
         except (PartitionLogError, OSError) as exc:
             log.warning("cannot persist transaction %r: %s", metadata.transactional_id, exc)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        self.manager.note_append(partition)
+        if appended.error:  # the ISR is below min.insync.replicas: nothing was written
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         replicated = await partition.wait_replicated(
-            info.last_offset + 1, partition.leadership_generation,
+            appended.end_offset, appended.leadership_generation,
             trio.current_time() + PERSIST_TIMEOUT_S)
         if replicated is Replicated.MOVED:
             return ErrorCode.NOT_COORDINATOR
@@ -619,31 +615,24 @@ class TxnCoordinatorService:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if not partition.is_leader:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        # A stale marker: the producer moved on (INVALID_PRODUCER_EPOCH), or it comes from a
-        # coordinator that has been replaced (TRANSACTION_COORDINATOR_FENCED), whose late
-        # COMMIT would otherwise end the producer's next transaction here.
-        refused = partition.producers.check_marker(producer_id, epoch, coordinator_epoch)
-        if refused:
-            log.info("refused a marker for producer %d on %s-%d: %s (coordinator epoch %d)",
-                     producer_id, topic, index, refused.name, coordinator_epoch)
-            return refused
         batch = build_marker(producer_id, epoch, commit, coordinator_epoch, now_ms())
         try:
-            info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
-                                        now_ms=now_ms(), allow_control=True)
+            # Written whatever the ISR (required_acks=1), then waited for like acks=all.
+            appended = partition.append(batch, AppendOrigin.COORDINATOR, required_acks=1)
         except PartitionLogError as exc:
             log.warning("marker for producer %d on %s-%d: %s", producer_id, topic, index, exc)
             return exc.error_code
         except OSError as exc:
             log.warning("marker for producer %d on %s-%d: %s", producer_id, topic, index, exc)
             return ErrorCode.KAFKA_STORAGE_ERROR
-        partition.producers.commit_append(header_at(batch), info.base_offset,
-                                          info.last_offset, now_ms())
+        if appended.error:  # a stale marker (``Partition.append``): nothing was written
+            log.info("refused a marker for producer %d on %s-%d: %s (coordinator epoch %d)",
+                     producer_id, topic, index, appended.message, coordinator_epoch)
+            return appended.error
         # A verify_only answer still in flight predates this marker: it must not be used.
         self._verify_guards.pop((topic, index, producer_id), None)
-        self.manager.note_append(partition)
         replicated = await partition.wait_replicated(
-            info.last_offset + 1, partition.leadership_generation,
+            appended.end_offset, appended.leadership_generation,
             trio.current_time() + PERSIST_TIMEOUT_S)
         if replicated is Replicated.MOVED:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -665,7 +654,7 @@ class TxnCoordinatorService:
         if not transactional_id or count is None:
             return self._verify_by_producer(topic, index, producer_id, epoch)
         coordinator = image.topics[TXN_TOPIC].partitions[
-            core.partition_for(transactional_id, count)].leader
+            coordinator_partition(transactional_id, count)].leader
         if coordinator == self.node_id:
             return self._verify_locally(topic, index, transactional_id, producer_id, epoch)
         partition = self.manager.get(topic, index)
@@ -813,19 +802,6 @@ class TxnCoordinatorService:
         codes = core.verify_partitions(state.txns.get(transactional_id), producer_id, epoch,
                                        partitions)
         return {tp: int(code) for tp, code in codes.items()}
-
-    async def _expire_producers(self) -> None:
-        """producer.id.expiration.ms: forget producers idle that long (never one with an
-        open transaction) on every local replica. Followers do it too, so a new leader does
-        not revive an expired producer."""
-        while True:
-            await trio.sleep(self.settings.expiration_check_interval_s)
-            now = now_ms()
-            for partition in list(self.manager.partitions.values()):
-                expired = partition.producers.expire(now, self.settings.producer_id_expiration_ms)
-                if expired:
-                    log.debug("%s-%d: expired producers %s", partition.topic, partition.index,
-                              expired)
 
     async def _abort_timed_out(self) -> None:
         while True:

@@ -45,7 +45,7 @@ from raftlog.metadata import errors
 from raftlog.metadata.image import MetadataImage, TopicImage, frozen_mapping
 from raftlog.partition.batch import build_batch
 from raftlog.partition.log import LogConfig, PartitionLog
-from raftlog.partition.manager import Partition
+from raftlog.partition.partition import Partition
 from raftlog.protocol.internal_topics import (
     OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,

@@ -24,7 +24,8 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
-from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import now_ms
 from raftlog.partition.producer_snapshot import log_headers
 from raftlog.partition.segment import Segment
 from raftlog.protocol import codec
