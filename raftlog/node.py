@@ -51,7 +51,8 @@ from raftlog.partition.manager import PartitionManager
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.quorum.local import LocalNode, LocalQuorum, Quorum, QuorumTimeoutError
-from raftlog.replication.manager import ReplicaManager, ReplicationSettings
+from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.server.listener import (
     Handler,

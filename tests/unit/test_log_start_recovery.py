@@ -32,7 +32,8 @@ from raftlog.protocol import codec
 from raftlog.protocol.codec import RequestHeader
 from raftlog.protocol.schemas import LIST_OFFSETS
 from raftlog.quorum.local import Quorum
-from raftlog.replication.manager import FollowerAssignment, LeaderFetcher, ReplicaManager
+from raftlog.replication.fetcher import FollowerAssignment, LeaderFetcher
+from raftlog.replication.manager import ReplicaManager
 from raftlog.server.listener import RequestContext
 from tests.unit.test_delete_records import fail_delete_of
 
