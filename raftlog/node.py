@@ -64,9 +64,10 @@ from raftlog.server.listener import (
 )
 from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
 from raftlog.txn.apis import install as install_transactions
-from raftlog.txn.coordinator_service import PendingVerification, TxnSettings, Verdict
+from raftlog.txn.coordinator_service import TxnSettings
 from raftlog.txn.init_producer_id import ProducerApis
 from raftlog.txn.producer_ids import ProducerIdManager
+from raftlog.txn.verification import PendingVerification, Verdict
 
 log = logging.getLogger(__name__)
 METADATA_WATCH_TIMEOUT_S: Final = 1.0

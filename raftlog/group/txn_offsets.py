@@ -16,14 +16,14 @@
 * **Commit/abort.** The transaction coordinator writes a COMMIT or ABORT marker to that
   partition (AddOffsetsToTxn added it to the transaction); the partition leader — this node,
   as group coordinator — calls :meth:`TxnOffsets.complete` once the marker is replicated
-  (``raftlog.txn.coordinator_service.TxnCoordinatorService.append_marker``): COMMIT applies
+  (``raftlog.txn.markers.TxnCompletion.append_marker``): COMMIT applies
   the staged offsets, ABORT drops them.
 * **Replay.** Loading an offsets partition stages the transactional records and resolves them
   at the markers that follow them in the log, so a new coordinator ends up in the same state.
 * **OffsetFetch require_stable (v7).** A partition with pending transactional offsets is
   answered with UNSTABLE_OFFSET_COMMIT (88); the consumer retries.
 
-This object implements ``raftlog.txn.coordinator_service.PendingOffsets``.
+This object implements ``raftlog.txn.markers.PendingOffsets``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.internal_topics import OFFSETS_TOPIC, UndecodableRecords
 from raftlog.quorum.local import Quorum
 from raftlog.server.listener import Body, HandlerResult, RequestContext
-from raftlog.txn.coordinator_service import VERIFY_TIMEOUT_S, PendingVerification, Verdict
+from raftlog.txn.verification import VERIFY_TIMEOUT_S, PendingVerification, Verdict
 
 __all__ = ["PendingTxnOffsets", "TxnOffsets", "TxnWriteVerifier"]
 

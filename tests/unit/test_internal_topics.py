@@ -54,7 +54,7 @@ from raftlog.protocol.internal_topics import (
     is_internal_topic,
 )
 from raftlog.txn import coordinator as core
-from raftlog.txn.coordinator_service import _replay
+from raftlog.txn.state_log import _replay
 
 T0 = 1_700_000_000_000
 
