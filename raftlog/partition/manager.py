@@ -326,7 +326,7 @@ class PartitionManager:
             try:
                 await trio.to_thread.run_sync(_store_snapshot, directory, *snapshot)
             except OSError as error:  # e.g. a full disk; a restart replays more of the log
-                partition.producers_snapshot_offset = -1
+                partition.producer_snapshot_failed()
                 log.warning("partition %s-%d: cannot write a producer-state snapshot: %s",
                             partition.topic, partition.index, describe_os_error(error))
 

@@ -244,6 +244,10 @@ class Partition:
         self.producers_snapshot_offset = offset
         return offset, self.producers.to_bytes()
 
+    def producer_snapshot_failed(self) -> None:
+        """The snapshot ``producer_snapshot`` made was not written: make the next one anew."""
+        self.producers_snapshot_offset = -1
+
     # -- the one way in: append -------------------------------------------------------------
 
     def append(self, records: bytes | memoryview, origin: AppendOrigin, *,
