@@ -308,7 +308,7 @@ class TxnOffsets:
                             producer_id=producer_id, producer_epoch=epoch, base_sequence=-1,
                             attributes=TRANSACTIONAL_BIT)
         try:
-            appended = partition.append(batch, AppendOrigin.COORDINATOR, now_ms=now)
+            appended = partition.append(batch, AppendOrigin.COORDINATOR, now=now)
         except PartitionLogError as exc:
             log.info("TxnOffsetCommit for %r: %s", group_id, exc)
             return commit_write_error(exc.error_code)

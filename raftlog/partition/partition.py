@@ -57,9 +57,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-_now = now_ms  # ``append`` has a parameter of that name
-
-
 def _no_listener(partition: Partition) -> None:
     """A partition outside a ``PartitionManager`` (tests, tools): nobody to notify."""
 
@@ -79,7 +76,8 @@ class Partition:
     ``is_leader`` with ``leader_state`` None is a standalone leader (no followers): its high
     watermark is its own durable end, as on a single node. ``leadership_generation`` moves
     every time this replica stops leading, so a producer waiting for an acknowledgement can
-    tell that the data it appended may have been truncated since.
+    tell that the data it appended may have been truncated since. Those role fields are
+    written only by the partition's own methods (``become_leader`` and the others below).
     """
 
     topic: str
@@ -251,7 +249,7 @@ class Partition:
     # -- the one way in: append -------------------------------------------------------------
 
     def append(self, records: bytes | memoryview, origin: AppendOrigin, *,
-               required_acks: int = -1, now_ms: int | None = None) -> AppendResult:
+               required_acks: int = -1, now: int | None = None) -> AppendResult:
         """Append ``records`` (Kafka's ``UnifiedLog.append``; ``raftlog.partition.append``
         says what each origin checks), commit producer state and note the append (group
         commit, the HW when flushing is relaxed, follower long polls).
@@ -262,7 +260,8 @@ class Partition:
         Refusals come back in the result; validation and storage failures are raised
         (``PartitionLogError`` including ``KafkaStorageError``, ``OSError``) with nothing
         written, for the caller to map to its API's error."""
-        now = _now() if now_ms is None else now_ms
+        if now is None:
+            now = now_ms()
         if origin is AppendOrigin.REPLICATION:
             return self._append_replicated(records, now)
         if not self.is_leader or self.deleted:
