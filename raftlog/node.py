@@ -52,7 +52,8 @@ from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.quorum.interface import Quorum, QuorumTimeoutError
 from raftlog.quorum.local import LocalNode, LocalQuorum
-from raftlog.replication.manager import ReplicaManager, ReplicationSettings
+from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.server.listener import (
     Handler,
@@ -87,9 +88,12 @@ class Node:
         # without ``cluster.id`` makes up its own on first start (see ``RaftQuorum``).
         self._configured = config
         self.data_dir = Path(config.log_dirs[0])
-        self.manager = PartitionManager(self.data_dir, config.node_id)
-        self.manager.producer_id_expiration_ms = config.producer_id_expiration_ms
-        self.manager.retention_check_interval_ms = config.log_retention_check_interval_ms
+        self.manager = PartitionManager(
+            self.data_dir, config.node_id,
+            retention_check_interval_ms=config.log_retention_check_interval_ms,
+            producer_id_expiration_ms=config.producer_id_expiration_ms,
+            producer_id_expiration_check_interval_ms=(
+                config.producer_id_expiration_check_interval_ms))
         self.cleaner = LogCleaner(self.manager, CleanerSettings(
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
@@ -159,8 +163,8 @@ class Node:
         )
         producer_ids = ProducerIdManager(lifecycle.allocate_block)
         # --- transactions (raftlog.txn) and consumer groups (raftlog.group) need each other:
-        # the groups get the coordinator's verifiers (through the broker handlers) and its
-        # FindCoordinator lookup; the coordinator's markers complete the groups' offsets in
+        # the groups get the coordinator's TxnOffsetCommit verifier and its FindCoordinator
+        # lookup; the coordinator's markers complete the groups' offsets in
         # transactions. The coordinator is built first and reaches the group service, built
         # below, through _GroupPendingOffsets.
         groups: GroupInstall
@@ -170,13 +174,13 @@ class Node:
             pending_offsets=_GroupPendingOffsets(lambda: groups.service.txn_offsets))
         apis = KafkaApis(
             config, quorum, self.manager, replicas, gate=gate,
-            txn_verifier=txn_service.verify_by_producer_id,
             txn_produce_verifier=txn_service.verify_transactional_produce,
             metadata_caught_up=lambda: _registered_in_image(quorum, lifecycle, is_broker))
         controller = ControllerService(quorum, settings_from_config(self._configured))
         controller_rpcs = ControllerRpcs(config, quorum, controller)
         controller_apis = ControllerApis(config, quorum, controller, apis, forward=channel.call)
-        groups = install_groups(config, quorum, self.manager, apis, forward=channel.call,
+        groups = install_groups(config, quorum, self.manager, forward=channel.call,
+                                verify_txn_write=txn_service.verify_transactional_produce,
                                 transaction_lookup=txn_service.locate)
         self.groups = groups
         txn_apis = TxnApis(txn_service, gate)
@@ -199,6 +203,7 @@ class Node:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.manager.run_flusher)
                 nursery.start_soon(self.manager.run_retention)
+                nursery.start_soon(self.manager.run_producer_expiration)
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)

@@ -22,7 +22,7 @@ from raftlog.broker.describe_configs import ConfigApis, dynamic_broker_configs
 from raftlog.broker.fetch import FetchApis
 from raftlog.broker.metadata_apis import MetadataApis
 from raftlog.broker.offsets import OffsetApis
-from raftlog.broker.produce import ProduceApis, TxnProduceVerifier, TxnVerifier
+from raftlog.broker.produce import ProduceApis, TxnProduceVerifier
 from raftlog.broker.topic_admin import PARTITIONS_PER_REQUEST_MAX, TopicAdmin
 from raftlog.config import ServerConfig
 from raftlog.partition.manager import PartitionManager
@@ -43,8 +43,7 @@ class KafkaApis:
     one, a ReplicaManager with default settings and no AlterPartition callback is made (enough
     for a single node, where every partition has one replica and no fetcher is needed).
     ``gate`` admits replica requests (Fetch, OffsetForLeaderEpoch) from cluster members only.
-    ``txn_produce_verifier`` checks transactional batches against their coordinator;
-    ``txn_verifier`` answers from this node's coordinator state only (TxnOffsetCommit).
+    ``txn_produce_verifier`` checks transactional batches against their coordinator.
     ``metadata_caught_up`` says whether the replayed image is current (the node wires it to
     "my registration of this incarnation is in the image"); until then Metadata waits or
     says "retry".
@@ -61,7 +60,6 @@ class KafkaApis:
         replicas: ReplicaManager | None = None,
         gate: ClusterActionGate | None = None,
         *,
-        txn_verifier: TxnVerifier | None = None,
         txn_produce_verifier: TxnProduceVerifier | None = None,
         metadata_caught_up: Callable[[], bool] = lambda: True,
     ) -> None:
@@ -71,9 +69,6 @@ class KafkaApis:
         # Replica fetches are cluster actions: only an authenticated broker, as itself.
         gate = ClusterActionGate() if gate is None else gate
         self.replicas = ReplicaManager(manager) if replicas is None else replicas
-        # Read by the group coordinator (raftlog.group.txn_offsets) for TxnOffsetCommit.
-        self.txn_verifier = txn_verifier
-        self.txn_produce_verifier = txn_produce_verifier
         self.produce_apis = ProduceApis(quorum, manager, txn_produce_verifier=txn_produce_verifier)
         self.fetch_apis = FetchApis(quorum, manager, self.replicas, gate)
         self.offset_apis = OffsetApis(quorum, manager, gate)
@@ -82,9 +77,6 @@ class KafkaApis:
         self.config_apis = ConfigApis(config, quorum)
         self.metadata_apis = MetadataApis(config, quorum, self.topic_admin.create_topic,
                                           metadata_caught_up)
-        # The group coordinator's writes to __consumer_offsets (raftlog.group.service).
-        self._append = self.produce_apis.append
-        self._create_topic = self.topic_admin.create_topic
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {

@@ -13,7 +13,8 @@ import trio
 
 from raftlog.broker.partition_checks import missing_partition_error
 from raftlog.partition.errors import PartitionLogError
-from raftlog.partition.manager import Partition, PartitionManager
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.internal_topics import is_internal_topic

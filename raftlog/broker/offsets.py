@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from raftlog.broker.fetch import CONSUMER_REPLICA_ID, READ_COMMITTED
 from raftlog.broker.partition_checks import check_leader_epoch, missing_partition_error
-from raftlog.partition.manager import Partition, PartitionManager
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH

@@ -12,6 +12,7 @@ the internal topics; the group coordinator appends its offsets there through
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
 from collections.abc import Callable
@@ -20,12 +21,19 @@ from dataclasses import dataclass
 import trio
 
 from raftlog.broker.partition_checks import missing_partition_error
-from raftlog.partition.batch import BatchHeader, validate_batches
-from raftlog.partition.cleaner import has_record_without_key, is_compacted
+from raftlog.partition.append import AppendOrigin
+from raftlog.partition.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    TRANSACTIONAL_BIT,
+    BatchHeader,
+    validate_batches,
+)
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.log import KafkaStorageError, describe_os_error
-from raftlog.partition.manager import Partition, PartitionManager, now_ms
-from raftlog.partition.producer_state import BatchMetadata
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import AckWait, Partition
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.internal_topics import is_internal_topic
@@ -36,10 +44,6 @@ from raftlog.txn.coordinator_service import PendingVerification, Verdict
 
 log = logging.getLogger(__name__)
 
-# (topic, partition, producer id, epoch) -> None when a transactional write may go in, else
-# (error code, message); answered from this node's coordinator state only (used by
-# TxnOffsetCommit, raftlog.group.txn_offsets).
-TxnVerifier = Callable[[str, int, int, int], "tuple[int, str] | None"]
 # The produce path's check (KIP-890 part 1): (topic, partition, transactional id, producer id,
 # epoch) -> a verdict now, or a verification in flight whose answer resumes the append.
 TxnProduceVerifier = Callable[[str, int, "str | None", int, int],
@@ -47,8 +51,6 @@ TxnProduceVerifier = Callable[[str, int, "str | None", int, int],
 
 _ATTRIBUTES = struct.Struct(">h")
 _BATCH_LENGTH = struct.Struct(">i")
-_PRODUCER_ID = struct.Struct(">q")
-TRANSACTIONAL_FLAG = 0x10
 
 
 class ProduceApis:
@@ -196,34 +198,7 @@ class ProduceApis:
                         records: memoryview, acks: int, result: Body
                         ) -> tuple[Body, _AckWait | None]:
         try:
-            # --- compaction (raftlog.partition.cleaner): a compacted topic refuses records
-            # without a key, as Kafka's LogValidator does. Only compacted topics pay for
-            # reading (and, if compressed, decompressing) the records.
-            headers: list[BatchHeader] | None = None  # validated once; the append reuses them
-            if is_compacted(partition.log.config.cleanup_policy) and \
-                    (headers := validate_batches(records)) and \
-                    has_record_without_key(records):
-                return _record_error(result, ErrorCode.INVALID_RECORD,
-                                     "Compacted topic cannot accept message without key"), None
-            if acks == -1 and partition.isr_size < partition.min_insync_replicas:
-                # Checked before appending, as Kafka does: nothing is written.
-                result["error_code"] = ErrorCode.NOT_ENOUGH_REPLICAS
-                result["error_message"] = (
-                    f"The ISR has {partition.isr_size} replicas, fewer than"
-                    f" min.insync.replicas={partition.min_insync_replicas}.")
-                return result, None
-            if headers is None:
-                headers = validate_batches(records)
-            idempotent = _is_idempotent(records)
-            if idempotent:
-                check = partition.producers.check_appends(headers)
-                if check.error:
-                    return _record_error(result, ErrorCode(check.error),
-                                         check.message or "producer state check failed"), None
-                if check.duplicate is not None:
-                    return self._duplicate(partition, check.duplicate, acks, result)
-            info = partition.log.append(records, leader_epoch=partition.leader_epoch,
-                                        now_ms=now_ms(), validated=headers)
+            appended = partition.append(records, AppendOrigin.CLIENT, required_acks=acks)
         except KafkaStorageError as exc:
             # The log logged the failure (once, as an ERROR) and is intact; the producer
             # gets a retriable error instead of a closed connection.
@@ -236,27 +211,19 @@ class ProduceApis:
             log.error("produce to %s-%d failed: %s", topic, index, describe_os_error(exc))
             return _record_error(result, ErrorCode.KAFKA_STORAGE_ERROR,
                                  describe_os_error(exc)), None
-        if idempotent:
-            # Committed only after the append succeeded (validated on the side before).
-            partition.producers.commit_appends(headers, info.base_offset, now_ms(),
-                                               info.log_append_time_ms)
-        self.manager.note_append(partition)
-        result["base_offset"] = info.base_offset
-        result["log_append_time_ms"] = info.log_append_time_ms
+        if appended.error == ErrorCode.NOT_ENOUGH_REPLICAS:  # nothing was written
+            result["error_code"] = ErrorCode.NOT_ENOUGH_REPLICAS
+            result["error_message"] = appended.message
+            return result, None
+        if appended.error:
+            return _record_error(result, ErrorCode(appended.error), appended.message), None
+        # Appended, or a retried batch already in the log (``duplicate``): answered with its
+        # offsets once it is as durable as the producer asked (Kafka waits for both).
+        result["base_offset"] = appended.base_offset
+        result["log_append_time_ms"] = appended.log_append_time_ms
         result["log_start_offset"] = partition.log.log_start_offset
-        return result, _AckWait(partition, info.last_offset + 1, acks, result,
-                                partition.leadership_generation)
-
-    def _duplicate(self, partition: Partition, duplicate: BatchMetadata, acks: int,
-                   result: Body) -> tuple[Body, _AckWait | None]:
-        """A retried batch already in the log: answer with its original offsets, writing
-        nothing, once the original is as durable as the producer asked (Kafka waits too)."""
-        result["base_offset"] = duplicate.first_offset
-        if partition.log.config.message_timestamp_type == "LogAppendTime":
-            result["log_append_time_ms"] = duplicate.timestamp_ms
-        result["log_start_offset"] = partition.log.log_start_offset
-        return result, _AckWait(partition, duplicate.last_offset + 1, acks, result,
-                                partition.leadership_generation)
+        return result, _AckWait(partition, appended.end_offset, acks,
+                                appended.leadership_generation, result)
 
 
 def _check_transactional(verifier: TxnProduceVerifier | None, topic: str, index: int,
@@ -278,20 +245,15 @@ def _check_transactional(verifier: TxnProduceVerifier | None, topic: str, index:
 def _has_transactional_batch(records: memoryview) -> bool:
     """Walks batch headers (no CRC work) looking for the isTransactional attribute bit."""
     pos = 0
-    while pos + 23 <= len(records):
-        (length,) = _BATCH_LENGTH.unpack_from(records, pos + 8)
-        (attributes,) = _ATTRIBUTES.unpack_from(records, pos + 21)
-        if attributes & TRANSACTIONAL_FLAG:
+    while pos + ATTRIBUTES_OFFSET + _ATTRIBUTES.size <= len(records):
+        (length,) = _BATCH_LENGTH.unpack_from(records, pos + BATCH_LENGTH_OFFSET)
+        (attributes,) = _ATTRIBUTES.unpack_from(records, pos + ATTRIBUTES_OFFSET)
+        if attributes & TRANSACTIONAL_BIT:
             return True
         if length <= 0:
             return False  # malformed: append's validation reports it
-        pos += 12 + length
+        pos += LOG_OVERHEAD + length
     return False
-
-
-def _is_idempotent(records: memoryview) -> bool:
-    """Whether the first batch carries a producer id (raw header read; validated after)."""
-    return len(records) >= 51 and _PRODUCER_ID.unpack_from(records, 43)[0] >= 0
 
 
 def _internal_topic_refusal(topic: str, index: int) -> Body:
@@ -338,42 +300,8 @@ class _VerifiedAppend:
 
 
 @dataclass(eq=False)
-class _AckWait:
-    """One partition of a Produce waiting for its acknowledgement: acks=all until the HW
-    passes ``target`` (every ISR member has it), acks=1 until this leader has fsynced it."""
+class _AckWait(AckWait):
+    """One partition of a Produce waiting for its acknowledgement (``AckWait``), with the
+    response entry that gets the outcome."""
 
-    partition: Partition
-    target: int
-    acks: int
-    result: Body
-    leadership_generation: int
-
-    def lost_leadership(self) -> bool:
-        partition = self.partition
-        return partition.deleted or partition.leadership_generation != self.leadership_generation
-
-    def satisfied(self) -> bool:
-        partition = self.partition
-        if self.acks == -1:
-            return partition.high_watermark >= self.target
-        return not partition.durable_acks or partition.log.flushed_offset >= self.target
-
-    def storage_failed(self) -> bool:
-        """The log went offline (a failed fsync): the data may never become durable."""
-        return self.partition.log.offline_reason is not None
-
-    def settled(self) -> bool:
-        return self.lost_leadership() or self.satisfied() or self.storage_failed()
-
-    def error_code(self) -> int:
-        partition = self.partition
-        if self.lost_leadership():
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        if not self.satisfied():
-            if self.storage_failed():
-                return ErrorCode.KAFKA_STORAGE_ERROR
-            return ErrorCode.REQUEST_TIMED_OUT
-        if self.acks == -1 and partition.isr_size < partition.min_insync_replicas:
-            # Kafka: the records are in, but the ISR shrank below the minimum meanwhile.
-            return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-        return self.result["error_code"]  # type: ignore[no-any-return]
+    result: Body = dataclasses.field(default_factory=dict)

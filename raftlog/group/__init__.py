@@ -11,15 +11,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raftlog.broker.apis import KafkaApis
 from raftlog.config import ServerConfig
-from raftlog.group.service import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, GroupService
+from raftlog.group.offsets_log import forwarded_topic_creation
+from raftlog.group.service import GroupService
+from raftlog.group.txn_offsets import TxnWriteVerifier
 from raftlog.partition.manager import PartitionManager
 from raftlog.quorum.interface import Quorum
 from raftlog.server.find_coordinator import CoordinatorApis, CoordinatorLookup
 from raftlog.server.listener import Handler
 
-__all__ = ["OFFSETS_TOPIC", "OFFSETS_TOPIC_PARTITIONS", "GroupInstall", "install"]
+__all__ = ["GroupInstall", "install"]
 
 
 @dataclass
@@ -35,12 +36,17 @@ def install(
     config: ServerConfig,
     quorum: Quorum,
     manager: PartitionManager,
-    apis: KafkaApis,
     *,
     forward: Callable[..., Awaitable[Any]] | None = None,
+    verify_txn_write: TxnWriteVerifier | None = None,
     transaction_lookup: CoordinatorLookup | None = None,
 ) -> GroupInstall:
-    service = GroupService(config, quorum, manager, apis, forward=forward)
+    """``forward`` sends a request to the active controller (``ControllerChannel.call``):
+    the offsets topic is created through it. ``verify_txn_write`` is the transaction
+    check of TxnOffsetCommit (``raftlog.group.txn_offsets``)."""
+    create_topic = None if forward is None else forwarded_topic_creation(forward)
+    service = GroupService(config, quorum, manager, create_topic=create_topic,
+                           verify_txn_write=verify_txn_write)
     coordinators = CoordinatorApis(service.locate, transaction_lookup)
     handlers = {**service.handlers(), **coordinators.handlers()}
     return GroupInstall(service, coordinators, handlers, [service.run])

@@ -1,32 +1,35 @@
 """The trio shell around :class:`~raftlog.group.coordinator.GroupCoordinator`, and the group
 API handlers.
 
-* Routing: a group belongs to partition ``abs(javaHashCode(group)) % N`` of the internal
-  ``__consumer_offsets`` topic (as Kafka computes it); its coordinator is that partition's
-  leader. N is ``OFFSETS_TOPIC_PARTITIONS`` = 10 (Kafka's ``offsets.topic.num.partitions``
-  default is 50; 10 keeps a laptop cluster light). The topic is created through the controller
-  on the first FindCoordinator, compacted, replication factor min(3, live brokers).
+* Routing and writes: ``raftlog.group.offsets_log`` (a group's ``__consumer_offsets``
+  partition, whose leader is its coordinator; the topic's creation; appends with acks=all,
+  so a commit is acknowledged only once every ISR member has it, and in-memory offsets
+  change only after that).
 * Loading: a watcher notices when this node becomes leader of an offsets partition (or its
   leader epoch moves) and rebuilds that partition's groups and offsets from the log; requests
   for those groups get COORDINATOR_LOAD_IN_PROGRESS meanwhile, and NOT_COORDINATOR on a node
   that does not lead the partition.
-* Writes: offsets and group metadata are appended through the produce path
-  (``KafkaApis._append``) with acks=all, so a commit is acknowledged only once every ISR
-  member has it; in-memory offsets change only after that.
+* Offsets in transactions: ``raftlog.group.txn_offsets``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from typing import Final
 
 import trio
 
-from raftlog.broker.apis import KafkaApis
 from raftlog.clock import SteadyWallClock
 from raftlog.config import ServerConfig
 from raftlog.group.coordinator import GroupCoordinator, PendingPersist, check_offset_entries
+from raftlog.group.offsets_log import (
+    WRITE_TIMEOUT_S,
+    CreateInternalTopic,
+    OffsetRecords,
+    OffsetsLog,
+    commit_write_error,
+)
 from raftlog.group.records import (
     GroupKey,
     OffsetKey,
@@ -35,14 +38,18 @@ from raftlog.group.records import (
     decode_key,
     decode_offset_value,
 )
-from raftlog.group.txn_offsets import TxnOffsets
+from raftlog.group.txn_offsets import TxnOffsets, TxnWriteVerifier
 from raftlog.metadata.image import NO_LEADER
-from raftlog.partition.batch import BatchHeader, Record, build_batch, check_batch, decode_records
+from raftlog.partition.batch import BatchHeader, Record, decode_records
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import AckWait
 from raftlog.protocol.errors import ErrorCode
-from raftlog.protocol.internal_topics import OFFSETS_TOPIC, UndecodableRecords
-from raftlog.protocol.schemas import CREATE_TOPICS
+from raftlog.protocol.internal_topics import (
+    OFFSETS_TOPIC,
+    OFFSETS_TOPIC_PARTITIONS,
+    UndecodableRecords,
+)
 from raftlog.protocol.schemas_group import (
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
@@ -61,31 +68,10 @@ from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OFFSETS_TOPIC", "OFFSETS_TOPIC_PARTITIONS", "GroupService", "partition_for"]
+__all__ = ["GroupService"]
 
-OFFSETS_TOPIC_PARTITIONS: Final = 10  # Kafka: offsets.topic.num.partitions=50
-OFFSETS_TOPIC_REPLICATION_MAX: Final = 3
-OFFSETS_TOPIC_CONFIGS: Final = {"cleanup.policy": "compact", "segment.bytes": str(100 << 20)}
 WATCH_INTERVAL_S: Final = 0.1
-LOAD_CHUNK_BYTES: Final = 1 << 20
-CREATE_TIMEOUT_S: Final = 10.0
 JOIN_WAIT_MARGIN_S: Final = 5.0
-WRITE_TIMEOUT_S: Final = 5.0
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode`` (UTF-16 code units, int32 overflow)."""
-    h = 0
-    data = text.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> int:
-    """Kafka's ``Utils.abs(groupId.hashCode) % partitions`` (abs(MIN_VALUE) is 0 there)."""
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
 class _Waiter:
@@ -102,9 +88,9 @@ class GroupService:
         config: ServerConfig,
         quorum: Quorum,
         manager: PartitionManager,
-        apis: KafkaApis,
         *,
-        forward: Callable[..., Awaitable[Any]] | None = None,
+        create_topic: CreateInternalTopic | None = None,
+        verify_txn_write: TxnWriteVerifier | None = None,
         num_partitions: int = OFFSETS_TOPIC_PARTITIONS,
         core: GroupCoordinator | None = None,
         clock: SteadyWallClock | None = None,
@@ -115,9 +101,8 @@ class GroupService:
         self.clock = clock or SteadyWallClock()
         self.quorum = quorum
         self.manager = manager
-        self.apis = apis
-        self.forward = forward
         self.num_partitions = num_partitions
+        self.offsets_log = OffsetsLog(quorum, manager, num_partitions, self.clock, create_topic)
         self.core = core or GroupCoordinator(
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
@@ -128,9 +113,9 @@ class GroupService:
         self._waiters: dict[int, _Waiter] = {}
         self._next_token = 0
         self._nursery: trio.Nursery | None = None
-        self._creating = False
         # Offsets in transactions (raftlog.group.txn_offsets): the PendingOffsets seam.
-        self.txn_offsets = TxnOffsets(self)
+        self.txn_offsets = TxnOffsets(config, quorum, self.core, self.offsets_log,
+                                      self._coordinator_error, verify_txn_write)
         # Records (or unreadable batches) of __consumer_offsets that loads skipped, since start.
         self.undecodable_records_skipped = 0
 
@@ -140,14 +125,14 @@ class GroupService:
     # -- routing --------------------------------------------------------------------------------
 
     def partition_of(self, group_id: str) -> int:
-        return partition_for(group_id, self.num_partitions)
+        return self.offsets_log.partition_of(group_id)
 
     def locate(self, group_id: str) -> CoordinatorLocation:
         """FindCoordinator for a group: the leader of its offsets partition."""
         image = self.quorum.image
         topic = image.topics.get(OFFSETS_TOPIC)
         if topic is None:
-            self._ensure_topic()
+            self.offsets_log.ensure_topic(self._nursery)
             return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                        message="the offsets topic is being created")
         index = self.partition_of(group_id)
@@ -158,41 +143,6 @@ class GroupService:
         if leader == NO_LEADER or broker is None:
             return CoordinatorLocation(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return CoordinatorLocation(ErrorCode.NONE, leader, broker.host, broker.port)
-
-    def _ensure_topic(self) -> None:
-        if self._creating or self._nursery is None:
-            return
-        self._creating = True
-        self._nursery.start_soon(self._create_topic)
-
-    async def _create_topic(self) -> None:
-        try:
-            live = len(list(self.quorum.image.live_broker_ids()))
-            factor = max(1, min(OFFSETS_TOPIC_REPLICATION_MAX, live))
-            topic = {"name": OFFSETS_TOPIC, "num_partitions": self.num_partitions,
-                     "replication_factor": factor, "assignments": [],
-                     "configs": [{"name": k, "value": v}
-                                 for k, v in OFFSETS_TOPIC_CONFIGS.items()]}
-            body = {"topics": [topic], "timeout_ms": int(CREATE_TIMEOUT_S * 1000),
-                    "validate_only": False}
-            if self.forward is not None:
-                response = await self.forward(
-                    CREATE_TOPICS, body, version=4, timeout_s=CREATE_TIMEOUT_S,
-                    is_not_controller=lambda r: any(t.error_code == ErrorCode.NOT_CONTROLLER
-                                                    for t in r.topics))
-                code = response.topics[0].error_code
-            else:
-                code, _ = await self.apis._create_topic(
-                    OFFSETS_TOPIC, self.num_partitions, factor, (), OFFSETS_TOPIC_CONFIGS)
-            if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
-                log.warning("creating %s failed with error %d", OFFSETS_TOPIC, code)
-            else:
-                log.info("created %s (%d partitions, replication factor %d)", OFFSETS_TOPIC,
-                         self.num_partitions, factor)
-        except Exception as exc:  # the next FindCoordinator retries
-            log.warning("creating %s failed: %s", OFFSETS_TOPIC, exc)
-        finally:
-            self._creating = False
 
     def _coordinator_error(self, group_id: str) -> int:
         if not group_id:
@@ -266,26 +216,13 @@ class GroupService:
         """Rebuild the groups of one offsets partition from its log."""
         partition = self.manager.get(OFFSETS_TOPIC, index)
         assert partition is not None
-        plog = partition.log
-        offset = plog.log_start_offset
         now = self.now_ms()
         loaded = 0
         groups: set[str] = set()
         skipped = UndecodableRecords()
-        while offset < plog.log_end_offset:
-            with plog.read(offset, LOAD_CHUNK_BYTES, max_offset=plog.log_end_offset) as read:
-                data = read.read_bytes()
-            if not data:
-                break
-            position = 0
-            while position < len(data):
-                header = check_batch(data, position)
-                end = position + header.size_bytes
-                loaded += self._replay_batch(index, header, data[position:end], offset, now,
-                                             groups, skipped)
-                offset = max(offset, header.next_offset)
-                position = end
-            await trio.lowlevel.checkpoint()
+        async for header, batch, from_offset in self.offsets_log.batches(partition):
+            loaded += self._replay_batch(index, header, batch, from_offset, now, groups,
+                                         skipped)
         # Members' sessions start when the load ends (as Kafka schedules their heartbeat
         # expirations then): a load longer than session.timeout.ms must not evict them all.
         self.core.restart_sessions(groups, self.now_ms())
@@ -352,13 +289,13 @@ class GroupService:
         for group_id, key, value in writes:
             by_partition.setdefault(self.partition_of(group_id), []).append((key, value))
         failed: dict[int, int] = {}
-        waits: dict[int, Any] = {}
+        waits: dict[int, AckWait] = {}
         for index, records in by_partition.items():
             error, wait = self._append(index, records)
             if error:
                 log.warning("could not write group metadata to %s-%d: error %d", OFFSETS_TOPIC,
                             index, error)
-                failed[index] = _commit_write_error(error)
+                failed[index] = commit_write_error(error)
             elif wait is not None:
                 waits[index] = wait
         if not waits or self._nursery is None:
@@ -373,7 +310,7 @@ class GroupService:
                 if code:
                     log.warning("group metadata write to %s-%d failed: error %d",
                                 OFFSETS_TOPIC, index, code)
-                    failed[index] = _commit_write_error(code)
+                    failed[index] = commit_write_error(code)
             self._settle(outbox, persists, failed)
 
         self._nursery.start_soon(deliver_when_written)
@@ -400,11 +337,8 @@ class GroupService:
                 waiter.body = body
                 waiter.event.set()
 
-    def _append(self, index: int, records: list[tuple[bytes, bytes | None]]
-                ) -> tuple[int, Any]:
-        batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=self.now_ms())
-        result, wait = self.apis._append(OFFSETS_TOPIC, index, memoryview(batch), -1)
-        return int(result["error_code"]), wait
+    def _append(self, index: int, records: OffsetRecords) -> tuple[int, AckWait | None]:
+        return self.offsets_log.append(index, records)
 
     async def _await_waiter(self, token: int, waiter: _Waiter, timeout_s: float,
                             fallback: Body) -> Body:
@@ -552,7 +486,7 @@ class GroupService:
         code, wait = self._append(index, self.core.commit_records(group_id, valid))
         if code:
             for entry in entries:
-                entry["error_code"] = _commit_write_error(code)
+                entry["error_code"] = commit_write_error(code)
             return body
         epoch = self._loaded.get(index)
 
@@ -568,7 +502,7 @@ class GroupService:
             elif code == ErrorCode.NONE:
                 code = ErrorCode.NOT_COORDINATOR
             for entry in entries:
-                entry["error_code"] = _commit_write_error(code)
+                entry["error_code"] = commit_write_error(code)
             return body
 
         return wait_until_written
@@ -636,7 +570,7 @@ class GroupService:
                 error, tombstones = self.core.delete(group_id)
             if not error:
                 error, wait = self._append(self.partition_of(group_id), tombstones)
-                error = _commit_write_error(error) if error else 0
+                error = commit_write_error(error) if error else 0
                 if not error:
                     self.core.drop(group_id)
                     if wait is not None:
@@ -650,25 +584,10 @@ class GroupService:
             deadline = trio.current_time() + WRITE_TIMEOUT_S
             for entry, wait in waits:
                 await wait.partition.wait_until(wait.settled, deadline)
-                entry["error_code"] = _commit_write_error(wait.error_code())
+                entry["error_code"] = commit_write_error(wait.error_code())
             return body
 
         return wait_until_written
-
-
-def _commit_write_error(code: int) -> int:
-    """Kafka's mapping of an offsets-log append error to what the group client sees."""
-    if code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR):
-        return code
-    if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_ENOUGH_REPLICAS,
-                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, ErrorCode.REQUEST_TIMED_OUT):
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
-        return ErrorCode.NOT_COORDINATOR
-    if code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE,
-                ErrorCode.INVALID_FETCH_SIZE):
-        return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
-    return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 def _join_error_body(code: int, member_id: str) -> Body:

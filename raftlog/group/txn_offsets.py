@@ -8,22 +8,22 @@
   ``validateOffsetCommit(isTransactional = true)`` does (no check when all three are unset).
 * **Verification (KIP-890 part 1).** Before writing, the group's offsets partition must be in
   the producer's ongoing transaction (AddOffsetsToTxn added it). The transaction coordinator
-  is asked wherever it is, through the produce path's verifier
-  (``KafkaApis.txn_produce_verifier``: local state, or AddPartitionsToTxn v4 ``verify_only``
-  to the coordinator's node); the append runs synchronously with a positive answer. Refusals:
+  is asked wherever it is, through the produce path's verifier (``TxnWriteVerifier``, given
+  by the node: local state, or AddPartitionsToTxn v4 ``verify_only`` to the coordinator's
+  node); the append runs synchronously with a positive answer. Refusals:
   INVALID_TXN_STATE (not in the transaction), INVALID_PRODUCER_EPOCH (fenced),
   COORDINATOR_NOT_AVAILABLE (the coordinator could not be asked: retriable).
 * **Commit/abort.** The transaction coordinator writes a COMMIT or ABORT marker to that
   partition (AddOffsetsToTxn added it to the transaction); the partition leader — this node,
   as group coordinator — calls :meth:`TxnOffsets.complete` once the marker is replicated
-  (``raftlog.txn.coordinator_service.TxnCoordinatorService.append_marker``): COMMIT applies
+  (``raftlog.txn.markers.TxnCompletion.append_marker``): COMMIT applies
   the staged offsets, ABORT drops them.
 * **Replay.** Loading an offsets partition stages the transactional records and resolves them
   at the markers that follow them in the log, so a new coordinator ends up in the same state.
 * **OffsetFetch require_stable (v7).** A partition with pending transactional offsets is
   answered with UNSTABLE_OFFSET_COMMIT (88); the consumer retries.
 
-This object implements ``raftlog.txn.coordinator_service.PendingOffsets``.
+This object implements ``raftlog.txn.markers.PendingOffsets``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
-from raftlog.group.coordinator import DEAD, Group, check_offset_entries
+from raftlog.clock import SteadyWallClock
+from raftlog.config import ServerConfig
+from raftlog.group.coordinator import DEAD, Group, GroupCoordinator, check_offset_entries
+from raftlog.group.offsets_log import WRITE_TIMEOUT_S, OffsetsLog, commit_write_error
 from raftlog.group.records import (
     OffsetKey,
     OffsetValue,
@@ -43,27 +45,26 @@ from raftlog.group.records import (
     decode_key,
     decode_offset_value,
 )
-from raftlog.partition.batch import BatchHeader, build_batch, decode_records, parse_header
+from raftlog.partition.append import AppendOrigin
+from raftlog.partition.batch import TRANSACTIONAL_BIT, BatchHeader, build_batch, decode_records
 from raftlog.partition.errors import PartitionLogError
-from raftlog.partition.manager import Replicated
+from raftlog.partition.partition import Partition, Replicated
+from raftlog.partition.txn_index import ABORT, COMMIT
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.internal_topics import OFFSETS_TOPIC, UndecodableRecords
+from raftlog.quorum.interface import Quorum
 from raftlog.server.listener import Body, HandlerResult, RequestContext
-from raftlog.txn.coordinator_service import VERIFY_TIMEOUT_S, PendingVerification, Verdict
+from raftlog.txn.verification import VERIFY_TIMEOUT_S, PendingVerification, Verdict
 
-if TYPE_CHECKING:
-    from raftlog.group.service import GroupService
-    from raftlog.partition.manager import Partition
-
-__all__ = ["PendingTxnOffsets", "TxnOffsets"]
+__all__ = ["PendingTxnOffsets", "TxnOffsets", "TxnWriteVerifier"]
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-TRANSACTIONAL_BIT = 0x10
-CONTROL_ABORT = 0
-CONTROL_COMMIT = 1
-WRITE_TIMEOUT_S = 5.0
+# (topic, partition, transactional id, producer id, epoch) -> None when the transactional
+# write may go in, else (error code, message), or a verify_only question in flight.
+TxnWriteVerifier = Callable[[str, int, "str | None", int, int],
+                            "Verdict | PendingVerification"]
 # The verification task answers within VERIFY_TIMEOUT_S; past this margin the commit gives up
 # with a retriable error (and a late answer writes nothing).
 VERIFY_WAIT_S = VERIFY_TIMEOUT_S + 5.0
@@ -134,10 +135,20 @@ def validate_txn_commit(group: Group | None, generation: int, member_id: str,
 
 
 class TxnOffsets:
-    """TxnOffsetCommit, the pending offsets and their completion, for one group service."""
+    """TxnOffsetCommit, the pending offsets and their completion, for one group service:
+    its core, its offsets log and its check that this node coordinates a group
+    (``coordinator_error``)."""
 
-    def __init__(self, service: GroupService) -> None:
-        self.service = service
+    def __init__(self, config: ServerConfig, quorum: Quorum, core: GroupCoordinator,
+                 offsets_log: OffsetsLog, coordinator_error: Callable[[str], int],
+                 verify: TxnWriteVerifier | None = None) -> None:
+        self.config = config
+        self.quorum = quorum
+        self.core = core
+        self.offsets_log = offsets_log
+        self.clock: SteadyWallClock = offsets_log.clock
+        self.coordinator_error = coordinator_error
+        self.verify = verify
         self.pending = PendingTxnOffsets()
 
     # -- the PendingOffsets seam (called by the transaction side) ---------------------------
@@ -147,9 +158,9 @@ class TxnOffsets:
         ``index``: apply or drop what the producer staged there."""
         resolved = self.pending.resolve(producer_id, index)
         if commit:
-            now = self.service.now_ms()
+            now = self.clock.now_ms()
             for group, offsets in resolved.items():
-                self.service.core.apply_commit(group, offsets, now)
+                self.core.apply_commit(group, offsets, now)
         if resolved:
             log.debug("transactional offsets of producer %d on partition %d %s: %s",
                       producer_id, index, "committed" if commit else "aborted",
@@ -169,8 +180,8 @@ class TxnOffsets:
             for record in decode_records(bytes(batch), include_control=True):
                 if record.key is not None and len(record.key) >= 4:
                     kind = int.from_bytes(record.key[2:4], "big", signed=True)
-                    if kind in (CONTROL_ABORT, CONTROL_COMMIT):
-                        self.complete(header.producer_id, index, kind == CONTROL_COMMIT)
+                    if kind in (ABORT, COMMIT):
+                        self.complete(header.producer_id, index, kind == COMMIT)
             return True
         if not header.is_transactional:
             return False
@@ -193,7 +204,6 @@ class TxnOffsets:
     # -- TxnOffsetCommit ---------------------------------------------------------------------
 
     def txn_offset_commit(self, ctx: RequestContext) -> HandlerResult:
-        service = self.service
         request = ctx.body
         version = ctx.header.api_version
         group_id = request.group_id
@@ -210,18 +220,18 @@ class TxnOffsets:
             return {"throttle_time_ms": 0, "topics": [
                 {"name": name, "partitions": parts} for name, parts in results.items()]}
 
-        error = service._coordinator_error(group_id)
+        error = self.coordinator_error(group_id)
         if not error and version >= 3:
             error = validate_txn_commit(
-                service.core.groups.get(group_id), request.generation_id, request.member_id,
-                request.group_instance_id, service.core._fenced)
-        index = service.partition_of(group_id)
-        partition = service.manager.get(OFFSETS_TOPIC, index)
+                self.core.groups.get(group_id), request.generation_id, request.member_id,
+                request.group_instance_id, self.core._fenced)
+        index = self.offsets_log.partition_of(group_id)
+        partition = self.offsets_log.partition(index)
         if not error and partition is not None:
-            error = self._check_producer(partition, producer_id, epoch, version, index)
+            error = self._check_producer(partition, producer_id, epoch)
         codes, valid = check_offset_entries(
-            request.topics, service.quorum.image.topics, error,
-            service.config.offset_metadata_max_bytes, version >= 2, service.now_ms())
+            request.topics, self.quorum.image.topics, error,
+            self.config.offset_metadata_max_bytes, version >= 2, self.clock.now_ms())
         for tp, code in codes:
             entry = reply(tp, code)
             if not code:
@@ -255,7 +265,7 @@ class TxnOffsets:
             if answer is not None:
                 outcome["result"] = _verify_error(answer[0])
                 return
-            current = service.manager.get(OFFSETS_TOPIC, index)
+            current = self.offsets_log.partition(index)
             if current is not partition or not partition.is_leader:
                 outcome["result"] = ErrorCode.NOT_COORDINATOR
                 return
@@ -283,44 +293,33 @@ class TxnOffsets:
         """Whether the group's offsets partition is in the producer's ongoing transaction
         (AddOffsetsToTxn added it), asked of the transaction coordinator wherever it is —
         Kafka's AddPartitionsToTxn v4 verify_only, as on the produce path."""
-        apis = self.service.apis
-        if apis.txn_produce_verifier is not None:
-            return apis.txn_produce_verifier(OFFSETS_TOPIC, index, transactional_id or None,
-                                             producer_id, epoch)
-        if apis.txn_verifier is not None:
-            return apis.txn_verifier(OFFSETS_TOPIC, index, producer_id, epoch)
-        return None
+        if self.verify is None:
+            return None
+        return self.verify(OFFSETS_TOPIC, index, transactional_id or None, producer_id, epoch)
 
     def _append_offsets(self, partition: Partition, index: int, group_id: str,
                         valid: Mapping[TopicPartition, OffsetValue], producer_id: int,
                         epoch: int) -> int | tuple[int, int]:
         """Append the offsets as a transactional batch of the producer and stage them: an
         error code, or (leadership generation, offset the high watermark must pass)."""
-        from raftlog.group.service import _commit_write_error
-
-        service = self.service
-        if partition.isr_size < partition.min_insync_replicas:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        now = service.now_ms()
-        records = service.core.commit_records(group_id, valid)
+        now = self.clock.now_ms()
+        records = self.core.commit_records(group_id, valid)
         batch = build_batch([(k, v, ()) for k, v in records], timestamp_ms=now,
                             producer_id=producer_id, producer_epoch=epoch, base_sequence=-1,
                             attributes=TRANSACTIONAL_BIT)
         try:
-            info = partition.log.append(batch, leader_epoch=partition.leader_epoch,
-                                        now_ms=now)
+            appended = partition.append(batch, AppendOrigin.COORDINATOR, now=now)
         except PartitionLogError as exc:
             log.info("TxnOffsetCommit for %r: %s", group_id, exc)
-            return _commit_write_error(exc.error_code)
+            return commit_write_error(exc.error_code)
         except OSError as exc:
             log.warning("TxnOffsetCommit for %r: %s", group_id, exc)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        partition.producers.commit_append(parse_header(batch), info.base_offset,
-                                          info.last_offset, now)
-        service.manager.note_append(partition)
+        if appended.error:  # the ISR is below min.insync.replicas: nothing was written
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         # Staged at once: the record is in the log, and its marker decides its fate.
         self.pending.stage(producer_id, index, group_id, valid)
-        return partition.leadership_generation, info.last_offset + 1
+        return appended.leadership_generation, appended.end_offset
 
     @staticmethod
     def _wait_until_written(partition: Partition, written: tuple[int, int],
@@ -339,13 +338,13 @@ class TxnOffsets:
 
         return wait_until_written
 
-    def _check_producer(self, partition: object, producer_id: int, epoch: int, version: int,
-                        index: int) -> int:
+    @staticmethod
+    def _check_producer(partition: Partition, producer_id: int, epoch: int) -> int:
         """The partition's own producer state; the transaction itself is verified later
         (:meth:`_verify`)."""
         if producer_id < 0 or epoch < 0:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING
-        entry = partition.producers.get(producer_id)  # type: ignore[attr-defined]
+        entry = partition.producers.get(producer_id)
         if entry is not None and entry.epoch > epoch:
             # Kafka's log append answers a stale epoch with INVALID_PRODUCER_EPOCH; clients
             # treat it as fenced (the Java producer maps it to PRODUCER_FENCED itself).

@@ -31,9 +31,13 @@ from raftlog.partition.errors import (
 )
 
 __all__ = [
+    "ATTRIBUTES_OFFSET",
     "BATCH_LENGTH_MIN",
+    "BATCH_LENGTH_OFFSET",
+    "CONTROL_BIT",
     "LOG_OVERHEAD",
     "RECORD_BATCH_OVERHEAD",
+    "TRANSACTIONAL_BIT",
     "BatchHeader",
     "Record",
     "RecordHeader",
@@ -57,10 +61,12 @@ BATCH_LENGTH_MIN = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD
 assert _HEADER.size == RECORD_BATCH_OVERHEAD
 
 MAGIC_V2 = 2
+# Byte offsets of header fields that are read or patched in place (see the layout above).
+BATCH_LENGTH_OFFSET = 8
 _PARTITION_LEADER_EPOCH_OFFSET = 12
 _MAGIC_OFFSET = 16
 _CRC_OFFSET = 17
-_ATTRIBUTES_OFFSET = 21  # first byte covered by the CRC
+ATTRIBUTES_OFFSET = 21  # first byte covered by the CRC
 _MAX_TIMESTAMP_OFFSET = 35
 
 _COMPRESSION_CODEC_MASK = 0x07
@@ -168,7 +174,7 @@ def check_batch(buf: Buffer, position: int = 0) -> BatchHeader:
     check_header(header, available_bytes, position)
     end = position + header.size_bytes
     with memoryview(buf) as view:
-        crc = crc32c.crc32c(view[position + _ATTRIBUTES_OFFSET : end])
+        crc = crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : end])
     if crc != header.crc:
         raise CorruptRecordError(
             f"batch at byte {position}: CRC-32C {crc:#010x} != stored {header.crc:#010x}"
@@ -249,10 +255,10 @@ def assign_offsets(
 def _set_log_append_time(
     buf: bytearray, position: int, header: BatchHeader, log_append_time_ms: int
 ) -> None:
-    _INT16.pack_into(buf, position + _ATTRIBUTES_OFFSET, header.attributes | _TIMESTAMP_TYPE_BIT)
+    _INT16.pack_into(buf, position + ATTRIBUTES_OFFSET, header.attributes | _TIMESTAMP_TYPE_BIT)
     _INT64.pack_into(buf, position + _MAX_TIMESTAMP_OFFSET, log_append_time_ms)
     with memoryview(buf) as view:
-        crc = crc32c.crc32c(view[position + _ATTRIBUTES_OFFSET : position + header.size_bytes])
+        crc = crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + header.size_bytes])
     _UINT32.pack_into(buf, position + _CRC_OFFSET, crc)
 
 
@@ -337,7 +343,7 @@ def build_batch(
     )
     buf = bytearray(_HEADER.pack(*_header_fields(header)) + payload)
     with memoryview(buf) as view:
-        crc = crc32c.crc32c(view[_ATTRIBUTES_OFFSET:])
+        crc = crc32c.crc32c(view[ATTRIBUTES_OFFSET:])
     _UINT32.pack_into(buf, _CRC_OFFSET, crc)
     return bytes(buf)
 

@@ -36,7 +36,8 @@ from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.log_health import describe_os_error
 
 if TYPE_CHECKING:
-    from raftlog.partition.manager import Partition, PartitionManager
+    from raftlog.partition.manager import PartitionManager
+    from raftlog.partition.partition import Partition
 
 __all__ = ["CleanerSettings", "LogCleaner"]
 

@@ -12,53 +12,45 @@
   (``replica_state.LeaderState``); on a follower it is the leader's, capped at its own end;
 * waiting: producers wait for the high watermark (acks=all) or the flushed offset (acks=1)
   to pass their offsets, long-poll fetches wait for any high watermark to move, follower
-  fetches for any append.
+  fetches for any append;
+* producer state: snapshots after each retention check, and the one producer-id expiry task
+  (producer.id.expiration.check.interval.ms).
 
-Each partition starts as a standalone leader (itself the only replica), which is exactly the
-single-node behaviour; ``replication.ReplicaManager`` assigns roles from the metadata image.
+Appends themselves go through ``Partition.append`` (``raftlog.partition.partition``), which
+calls ``note_append`` here after every one. Each partition starts as a standalone leader
+(itself the only replica), which is exactly the single-node behaviour;
+``replication.ReplicaManager`` assigns roles from the metadata image.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import shutil
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
-from raftlog.partition.errors import OffsetOutOfRangeError, PartitionLogError
+from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.log import (
     FlushTicket,
     LogConfig,
     PartitionLog,
     describe_os_error,
 )
-from raftlog.partition.producer_snapshot import (
-    load_producer_state,
-    log_headers,
-    prune_snapshots,
-    reset_producer_state,
-    truncate_producer_state,
-    write_snapshot_bytes,
+from raftlog.partition.partition import Partition, now_ms
+from raftlog.partition.producer_snapshot import prune_snapshots, write_snapshot_bytes
+from raftlog.partition.producer_state import (
+    PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
+    PRODUCER_ID_EXPIRATION_MS_DEFAULT,
 )
-from raftlog.partition.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT, ProducerStateManager
-from raftlog.partition.replica_state import LeaderState
-from raftlog.partition.txn_index import TxnIndex, open_txn_index, rebuild_txn_index
+
+__all__ = ["FLUSH_POLL_INTERVAL_S", "PartitionManager", "log_config_for"]
 
 log = logging.getLogger(__name__)
 
 FLUSH_POLL_INTERVAL_S = 0.1
-DEFAULT_MIN_INSYNC_REPLICAS = 1
-DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -97,220 +89,19 @@ def log_config_for(configs: Mapping[str, str]) -> LogConfig:
     )
 
 
-class Replicated(enum.Enum):
-    """How a wait for the high watermark under one leadership ended."""
-
-    YES = "replicated"
-    MOVED = "leadership moved or partition deleted"
-    TIMED_OUT = "timed out"
-
-
-@dataclass(eq=False)
-class Partition:
-    """One local partition replica: its log plus the trio-side watermark and role state.
-
-    ``is_leader`` with ``leader_state`` None is a standalone leader (no followers): its high
-    watermark is its own durable end, as on a single node. ``leadership_generation`` moves
-    every time this replica stops leading, so a producer waiting for an acknowledgement can
-    tell that the data it appended may have been truncated since.
-    """
-
-    topic: str
-    index: int
-    log: PartitionLog
-    leader_epoch: int
-    high_watermark: int = 0
-    deleted: bool = False
-    is_leader: bool = True
-    leader_id: int = -1
-    replicas: tuple[int, ...] = ()
-    isr: tuple[int, ...] = ()  # committed ISR, as the image (or an AlterPartition answer) says
-    partition_epoch: int = 0
-    leader_state: LeaderState | None = None
-    min_insync_replicas: int = DEFAULT_MIN_INSYNC_REPLICAS
-    replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS
-    leadership_generation: int = 0
-    # Idempotent producers seen in this partition (leaders check, followers replay).
-    producers: ProducerStateManager = field(default_factory=ProducerStateManager)
-    producers_snapshot_offset: int = -1
-    # Open and aborted transactions (LSO, read_committed): fed by the log's append listener.
-    txns: TxnIndex = field(default_factory=TxnIndex)
-    _changed: trio.Event = field(default_factory=trio.Event)
-
-    @property
-    def durable_acks(self) -> bool:
-        """True when acknowledgement waits for fsync (Kafka's flush.* left at default)."""
-        config = self.log.config
-        return config.flush_messages is None and config.flush_ms is None
-
-    @property
-    def last_stable_offset(self) -> int:
-        """min(HW, first offset of the oldest open transaction): read_committed stops here.
-        Never below the log start offset (Kafka's maybeIncrementFirstUnstableOffset): an
-        open transaction that began below a DeleteRecords offset must not stall readers.
-        The log start never passes the HW (DeleteRecords, retention and a follower's start
-        are all bounded by it), so the ``min`` only guards that invariant: the LSO is never
-        above the HW."""
-        stable = self.txns.last_stable_offset(self.high_watermark)
-        return max(stable, min(self.log.log_start_offset, self.high_watermark))
-
-    def move_log_start_offset(self, offset: int) -> bool:
-        """Move the log start up to ``offset`` (DeleteRecords on a leader, the leader's start
-        on a follower; Kafka's maybeIncrementLogStartOffset): checkpointed durably, whole
-        segments below it deleted, their aborted transactions forgotten; producer state is
-        kept (as Kafka's). False when ``offset`` is not above the start or the partition
-        was deleted.
-
-        Synchronous on the event loop, like retention: one checkpoint fsync and one
-        directory fsync (two when segments are unlinked; ``PartitionLog.
-        advance_log_start_offset``). Being one call with no await, nothing (a leadership
-        change, a reset, a deletion, another move) can happen between the caller's checks
-        and the move, and no cancellation can stop it half way.
-
-        Raises OffsetOutOfRangeError past the high watermark (Kafka's UnifiedLog refuses a
-        start past it: it would delete data a follower may not have), KafkaStorageError
-        while the log is offline, OSError from the disk (then nothing moved, in memory or
-        on disk, so a retry writes the checkpoint again)."""
-        if offset > self.high_watermark:
-            raise OffsetOutOfRangeError(
-                f"log start offset {offset} is past the high watermark {self.high_watermark}")
-        if self.deleted or not self.log.advance_log_start_offset(offset):
-            return False
-        self.txns.drop_segments_below(self.log.segment_base_offsets)
-        self.notify_changed()
-        return True
-
-    def low_watermark(self, is_alive: Callable[[int], bool]) -> int:
-        """DeleteRecords' low watermark on a leader: the minimum log start offset of this
-        replica and of every follower on a live broker (``LeaderState.low_watermark``)."""
-        if self.leader_state is None:
-            return self.log.log_start_offset
-        return self.leader_state.low_watermark(self.log.log_start_offset, is_alive)
-
-    def load_txn_index(self, *, on_open: bool = False) -> None:
-        """Rebuild the transaction index from the log (open, truncation) and keep it fed by
-        every later append (``raftlog.partition.txn_index``)."""
-        if on_open:  # from the .txnindex files + the producer state's open transactions
-            ongoing = {entry.producer_id: entry.current_txn_first_offset
-                       for entry in self.producers.entries()
-                       if entry.current_txn_first_offset >= 0}
-            self.txns = open_txn_index(self.log, ongoing)
-        else:
-            self.txns = rebuild_txn_index(self.log)
-        self.log.append_listener = self.txns.observe
-
-    @property
-    def local_end_offset(self) -> int:
-        """The end of what this replica counts as its own in the HW: fsynced data by default,
-        everything written when flushing is relaxed."""
-        return self.log.flushed_offset if self.durable_acks else self.log.log_end_offset
-
-    @property
-    def isr_size(self) -> int:
-        """Committed ISR size for min.insync.replicas (1 for a standalone leader)."""
-        return len(self.isr) if self.leader_state is not None else max(len(self.isr), 1)
-
-    def notify_changed(self) -> None:
-        """Wake every waiter on this partition (HW, flushed offset, role or deletion moved)."""
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def advance_high_watermark(self, offset: int) -> bool:
-        assert offset <= self.log.log_end_offset, (offset, self.log.log_end_offset)
-        if offset <= self.high_watermark:
-            return False
-        self.high_watermark = offset
-        self.notify_changed()
-        return True
-
-    def leader_high_watermark_candidate(self, now_ms: int, is_eligible: Callable[[int], bool]
-                                        ) -> int:
-        if self.leader_state is None:
-            return self.local_end_offset
-        return self.leader_state.high_watermark_candidate(
-            self.local_end_offset, self.log.log_end_offset, now_ms,
-            self.replica_lag_time_max_ms, is_eligible)
-
-    def truncate_to(self, offset: int) -> int:
-        """Truncate the log (a follower's divergent tail); the HW follows it down, also when
-        the truncation fails half-way (KafkaStorageError: the log is offline)."""
-        try:
-            end_offset = self.log.truncate_to(offset)
-        finally:
-            self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
-        self.load_txn_index()
-        self.producers = truncate_producer_state(
-            self.producers, self.log.directory, end_offset,
-            log_start_offset=self.log.log_start_offset,
-            read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms())
-        self.notify_changed()
-        return end_offset
-
-    def reset_to(self, offset: int) -> None:
-        """Empty the log and restart it at ``offset`` (below the leader's log start)."""
-        self.log.reset_to(offset)
-        self.high_watermark = offset
-        self.load_txn_index()
-        self.producers = reset_producer_state(self.log.directory, offset)
-        self.notify_changed()
-
-    def load_producers(self) -> None:
-        """Producer state on open: the newest snapshot plus a header scan of the log after it,
-        so deduplication survives restarts and a follower that becomes leader knows every
-        producer."""
-        self.producers = load_producer_state(
-            self.log.directory, log_start_offset=self.log.log_start_offset,
-            log_end_offset=self.log.log_end_offset,
-            read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms())
-        self.producers_snapshot_offset = self.producers.end_offset
-
-    def producer_snapshot(self) -> tuple[int, bytes] | None:
-        """(offset, bytes) of a new producer-state snapshot when the log moved since the
-        last one; the caller writes it (in a worker thread)."""
-        self.producers.advance_end_offset(self.log.log_end_offset)
-        offset = self.producers.end_offset
-        if offset <= self.producers_snapshot_offset:
-            return None
-        self.producers_snapshot_offset = offset
-        return offset, self.producers.to_bytes()
-
-    async def wait_until(self, predicate: Callable[[], bool], deadline: float) -> bool:
-        """Waits until ``predicate()`` holds (re-checked whenever this partition changes) or
-        the deadline; returns the predicate's last value."""
-        with trio.move_on_at(deadline):
-            while not predicate():
-                await self._changed.wait()
-        return predicate()
-
-    async def wait_replicated(self, offset: int, generation: int, deadline: float
-                              ) -> Replicated:
-        """Waits until the high watermark reaches ``offset`` while this replica still leads
-        in leadership ``generation`` (what an internal-topic writer needs before it answers)."""
-        def moved() -> bool:
-            return self.deleted or self.leadership_generation != generation
-
-        await self.wait_until(lambda: self.high_watermark >= offset or moved(), deadline)
-        if moved():
-            return Replicated.MOVED
-        return Replicated.YES if self.high_watermark >= offset else Replicated.TIMED_OUT
-
-    async def wait_high_watermark(self, offset: int, deadline: float) -> bool:
-        """Waits until the high watermark reaches ``offset``; False on timeout or deletion."""
-        return await self.wait_until(
-            lambda: self.deleted or self.high_watermark >= offset, deadline
-        ) and not self.deleted
-
-    async def wait_flushed(self, offset: int, deadline: float) -> bool:
-        """Waits until ``offset`` is fsynced; False on timeout or deletion."""
-        return await self.wait_until(
-            lambda: self.deleted or self.log.flushed_offset >= offset, deadline
-        ) and not self.deleted
-
-
 class PartitionManager:
     """Owns every local partition of the node and the tasks that maintain them."""
 
-    def __init__(self, data_dir: Path, node_id: int) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        node_id: int,
+        *,
+        retention_check_interval_ms: int = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+        producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT,
+        producer_id_expiration_check_interval_ms: int = (
+            PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
+    ) -> None:
         self.data_dir = data_dir
         self.node_id = node_id
         self.partitions: dict[tuple[str, int], Partition] = {}
@@ -321,9 +112,11 @@ class PartitionManager:
         # Whether a follower counts for the HW while joining: set by the ReplicaManager.
         self.is_replica_eligible: Callable[[int], bool] = lambda node_id: True
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
-        self.producer_id_expiration_ms = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # the node sets it
-        # log.retention.check.interval.ms; the node sets it from server.properties.
-        self.retention_check_interval_ms = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
+        # log.retention.check.interval.ms, producer.id.expiration.ms and
+        # producer.id.expiration.check.interval.ms (server.properties).
+        self.retention_check_interval_ms = retention_check_interval_ms
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        self.producer_id_expiration_check_interval_ms = producer_id_expiration_check_interval_ms
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
@@ -333,21 +126,23 @@ class PartitionManager:
     def ensure_partition(
         self, topic: str, index: int, configs: Mapping[str, str], leader_epoch: int
     ) -> Partition:
+        """The local partition, opened (and recovered) if it is not open yet: a standalone
+        leader at ``leader_epoch`` until ``replication.ReplicaManager`` gives it its role. An
+        open partition is returned as it is (its role is the replica manager's business)."""
         existing = self.partitions.get((topic, index))
         if existing is not None:
-            existing.leader_epoch = leader_epoch
             return existing
         directory = self.data_dir / f"{topic}-{index}"
         partition_log = PartitionLog.open(directory, log_config_for(configs), now_ms())
         partition = Partition(topic, index, partition_log, leader_epoch,
                               leader_id=self.node_id, replicas=(self.node_id,),
-                              isr=(self.node_id,))
-        _apply_replication_configs(partition, configs)
+                              isr=(self.node_id,), on_append=self.note_append)
+        partition.apply_configs(configs)
         partition.load_producers()
         partition.load_txn_index(on_open=True)
         # On open everything recovered is already on disk: visible and durable. (A replicated
         # partition's HW is reset by the ReplicaManager from its checkpoint.)
-        partition.high_watermark = partition_log.log_end_offset
+        partition.advance_high_watermark(partition_log.log_end_offset)
         self.partitions[(topic, index)] = partition
         log.info("partition %s-%d open at offsets [%d, %d)", topic, index,
                  partition_log.log_start_offset, partition_log.log_end_offset)
@@ -357,10 +152,7 @@ class PartitionManager:
         partition = self.partitions.pop((topic, index), None)
         if partition is None:
             return
-        partition.deleted = True
-        partition.is_leader = False
-        partition.leadership_generation += 1
-        partition.notify_changed()
+        partition.mark_deleted()
         self._wake_fetches()
         self._dirty.discard(partition)
         partition.log.close()
@@ -384,7 +176,7 @@ class PartitionManager:
                 log.info("partition %s-%d: log config changed to %s", topic, partition.index,
                          new_config)
                 partition.log.config = new_config
-            _apply_replication_configs(partition, configs)
+            partition.apply_configs(configs)
 
     def purge_leftover_deletions(self) -> None:
         for doomed in self.data_dir.glob("*-delete"):
@@ -504,12 +296,29 @@ class PartitionManager:
             self.enforce_retention()
             await self.snapshot_producers()
 
-    async def snapshot_producers(self) -> None:
-        """Snapshot producer state so a restart replays only the log written since, and
-        forget producers idle longer than producer.id.expiration.ms."""
+    async def run_producer_expiration(self) -> None:
+        """Every producer.id.expiration.check.interval.ms: ``expire_producers`` (Kafka's
+        PeriodicProducerExpirationCheck). The one task that expires producer ids."""
+        while True:
+            await trio.sleep(self.producer_id_expiration_check_interval_ms / 1000)
+            self.expire_producers()
+
+    def expire_producers(self) -> None:
+        """Forget producers idle for producer.id.expiration.ms (never one with an open
+        transaction) on every local replica. Followers do it too, so a new leader does not
+        revive an expired producer."""
         now = now_ms()
         for partition in list(self.partitions.values()):
-            partition.producers.expire(now, self.producer_id_expiration_ms)
+            expired = partition.producers.expire(now, self.producer_id_expiration_ms)
+            if expired:
+                log.debug("%s-%d: expired producers %s", partition.topic, partition.index,
+                          expired)
+
+    async def snapshot_producers(self) -> None:
+        """Snapshot producer state so a restart replays only the log written since; expired
+        producers are forgotten first (``expire_producers``), so no snapshot keeps them."""
+        self.expire_producers()
+        for partition in list(self.partitions.values()):
             snapshot = partition.producer_snapshot()
             if snapshot is None:
                 continue
@@ -517,7 +326,7 @@ class PartitionManager:
             try:
                 await trio.to_thread.run_sync(_store_snapshot, directory, *snapshot)
             except OSError as error:  # e.g. a full disk; a restart replays more of the log
-                partition.producers_snapshot_offset = -1
+                partition.producer_snapshot_failed()
                 log.warning("partition %s-%d: cannot write a producer-state snapshot: %s",
                             partition.topic, partition.index, describe_os_error(error))
 
@@ -539,13 +348,6 @@ class PartitionManager:
                 log.warning("partition %s-%d: retention failed: %s", partition.topic,
                             partition.index, error)
         return deleted
-
-
-def _apply_replication_configs(partition: Partition, configs: Mapping[str, str]) -> None:
-    partition.min_insync_replicas = int(
-        configs.get("min.insync.replicas", DEFAULT_MIN_INSYNC_REPLICAS))
-    partition.replica_lag_time_max_ms = int(
-        configs.get("replica.lag.time.max.ms", DEFAULT_REPLICA_LAG_TIME_MAX_MS))
 
 
 def _run_tickets(tickets: Iterable[FlushTicket]) -> list[OSError | None]:

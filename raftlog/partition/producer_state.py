@@ -69,6 +69,7 @@ __all__ = [
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
     "NO_SEQUENCE",
+    "PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT",
     "PRODUCER_ID_EXPIRATION_MS_DEFAULT",
     "AppendCheck",
     "BatchMetadata",
@@ -92,6 +93,7 @@ INT16_MAX: Final = 2**15 - 1
 BATCHES_TO_RETAIN: Final = 5
 # producer.id.expiration.ms (KIP-854, Kafka 3.4; before that transactional.id.expiration.ms).
 PRODUCER_ID_EXPIRATION_MS_DEFAULT: Final = 86_400_000
+PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT: Final = 600_000
 
 # --- snapshot format -------------------------------------------------------------------------
 # version u8 | crc32c u32 over everything after it | body

@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raftlog.partition.batch import (
+    CONTROL_BIT,
     RECORD_BATCH_OVERHEAD,
+    TRANSACTIONAL_BIT,
     BatchHeader,
     Record,
     build_batch,
@@ -68,8 +70,6 @@ ABORT = 0
 COMMIT = 1
 _CONTROL_KEY = struct.Struct(">hh")  # version, type
 _MARKER_VALUE = struct.Struct(">hi")  # version, coordinatorEpoch
-TRANSACTIONAL_BIT = 0x10
-CONTROL_BIT = 0x20
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 
 from raftlog.client.connection import ClusterLogin
 from raftlog.metadata.image import MetadataImage
-from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import now_ms
 from raftlog.protocol.codec import Api, Struct
 from raftlog.protocol.errors import ErrorCode
-from raftlog.protocol.internal_topics import OFFSETS_TOPIC_PARTITIONS
+from raftlog.protocol.internal_topics import OFFSETS_TOPIC_PARTITIONS, coordinator_partition
 from raftlog.protocol.schemas import CREATE_TOPICS
 from raftlog.protocol.schemas_txn import (
     ADD_OFFSETS_TO_TXN,
@@ -42,7 +43,6 @@ from raftlog.protocol.schemas_txn import (
 from raftlog.quorum.interface import Quorum
 from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 from raftlog.server.sasl import ClusterActionGate
-from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator import TxnState
 from raftlog.txn.coordinator_service import (
     OFFSETS_TOPIC,
@@ -173,7 +173,7 @@ class TxnApis:
             return {"throttle_time_ms": 0, "error_code": int(ErrorCode.INVALID_GROUP_ID)}
         known = self.service.quorum.image.topics.get(OFFSETS_TOPIC)
         count = len(known.partitions) if known is not None else OFFSETS_TOPIC_PARTITIONS
-        index = core.partition_for(request.group_id, count)
+        index = coordinator_partition(request.group_id, count)
 
         async def add() -> Body:
             code = await self.service.add_partitions(

@@ -46,7 +46,6 @@ __all__ = [
     "encode_metadata",
     "end_txn",
     "init_producer_id",
-    "partition_for",
     "replay_record",
     "timed_out",
 ]
@@ -105,18 +104,6 @@ class Transition:
     @property
     def producer_epoch(self) -> int:
         return self.new.producer_epoch if self.new is not None else NO_EPOCH
-
-
-def partition_for(transactional_id: str, partitions: int) -> int:
-    """Kafka's ``Utils.abs(transactionalId.hashCode) % partitions`` (Java String.hashCode
-    over UTF-16 code units), so ids map to the same partitions as in Kafka."""
-    h = 0
-    data = transactional_id.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    if h >= 2**31:
-        h -= 2**32
-    return (h & 0x7FFFFFFF if h == -(2**31) else abs(h)) % partitions
 
 
 def _fence(current: TxnMetadata, producer_id: int, epoch: int) -> ErrorCode | None:

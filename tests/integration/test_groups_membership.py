@@ -26,8 +26,12 @@ import trio
 
 from raftlog.client.connection import KafkaConnection
 from raftlog.group.records import GroupKey, OffsetKey, decode_key
-from raftlog.group.service import OFFSETS_TOPIC, partition_for
 from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import (
+    OFFSETS_TOPIC,
+    OFFSETS_TOPIC_PARTITIONS,
+    coordinator_partition,
+)
 from raftlog.protocol.schemas import FIND_COORDINATOR
 from raftlog.protocol.schemas_group import (
     HEARTBEAT,
@@ -302,7 +306,8 @@ def test_initial_rebalance_delay_gathers_consumers_into_one_generation(
 
 
 def _offsets_log_tombstones(bootstrap: str, group: str) -> set[Any]:
-    records = fetch_records(bootstrap, OFFSETS_TOPIC, partition_for(group))
+    index = coordinator_partition(group, OFFSETS_TOPIC_PARTITIONS)
+    records = fetch_records(bootstrap, OFFSETS_TOPIC, index)
     keys = set()
     for record in records:
         if record.key is None or record.value is not None:

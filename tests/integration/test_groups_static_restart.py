@@ -26,7 +26,11 @@ import pytest
 import trio
 
 from raftlog.client.connection import KafkaConnection
-from raftlog.group.service import OFFSETS_TOPIC, partition_for
+from raftlog.protocol.internal_topics import (
+    OFFSETS_TOPIC,
+    OFFSETS_TOPIC_PARTITIONS,
+    coordinator_partition,
+)
 from raftlog.protocol.schemas import FIND_COORDINATOR
 from tests.integration import test_cluster_failover
 from tests.integration.cluster_harness import Cluster, wait_until
@@ -206,7 +210,8 @@ def _group_coordinator(cluster: Cluster, group: str) -> int:
 
 
 def _offsets_isr(cluster: Cluster, group: str) -> list[int]:
-    partition = cluster.partition(OFFSETS_TOPIC, partition_for(group))
+    index = coordinator_partition(group, OFFSETS_TOPIC_PARTITIONS)
+    partition = cluster.partition(OFFSETS_TOPIC, index)
     return sorted(partition.isr_nodes)
 
 

@@ -22,8 +22,12 @@ import pytest
 import trio
 
 from raftlog.client.connection import KafkaConnection
-from raftlog.group.service import OFFSETS_TOPIC, partition_for
 from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import (
+    OFFSETS_TOPIC,
+    OFFSETS_TOPIC_PARTITIONS,
+    coordinator_partition,
+)
 from raftlog.protocol.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID, LIST_OFFSETS
 from raftlog.protocol.schemas_group import OFFSET_FETCH
 from raftlog.protocol.schemas_txn import (
@@ -134,7 +138,7 @@ def test_txn_offset_commit_is_verified_with_a_remote_transaction_coordinator(
     async def refused() -> dict[str, Any]:
         gc = await KafkaConnection.connect(*cluster3.nodes[group_node].address)
         tc = await KafkaConnection.connect(*cluster3.nodes[txn_node].address)
-        index = partition_for(group)
+        index = coordinator_partition(group, OFFSETS_TOPIC_PARTITIONS)
         try:
             async def committed(wait_stable: bool = False) -> dict[int, int]:
                 """Stable committed offsets; a partition with a pending transactional commit

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from raftlog.txn.coordinator import partition_for
+from raftlog.protocol.internal_topics import coordinator_partition
 from raftlog.txn.coordinator_service import TXN_TOPIC, TxnSettings
 from tests.integration.cluster_harness import Cluster, cluster3, wait_for, wait_until
 from tests.integration.helpers import unique_topic
@@ -59,7 +59,7 @@ def test_coordinator_failover_keeps_the_transaction(cluster3: Cluster) -> None:
         producer.produce(topic, value=b"one-%d" % i, partition=i % 3)
     producer.commit_transaction(60)
 
-    index = partition_for(txn_id, TxnSettings().num_partitions)
+    index = coordinator_partition(txn_id, TxnSettings().num_partitions)
     wait_until(lambda: len(cluster3.partition(TXN_TOPIC, index).isr_nodes) == 3, 30,
                "the coordinator partition's full ISR")
     coordinator = cluster3.partition(TXN_TOPIC, index).leader_id

@@ -28,8 +28,8 @@ import pytest
 import trio
 
 from raftlog.client.connection import KafkaConnection
+from raftlog.protocol.internal_topics import coordinator_partition
 from raftlog.protocol.schemas import LIST_OFFSETS
-from raftlog.txn.coordinator import partition_for
 from raftlog.txn.coordinator_service import TXN_TOPIC, TxnSettings
 from tests.integration.cluster_harness import Cluster, ClusterNode, cluster3, wait_until
 from tests.integration.helpers import read_values_to_end, unique_topic
@@ -81,7 +81,7 @@ class FaultInjector(threading.Thread):
         self.started = time.monotonic()
         self.failure: BaseException | None = None
         self.stop = threading.Event()
-        self.txn_index = partition_for(TXN_ID, TxnSettings().num_partitions)
+        self.txn_index = coordinator_partition(TXN_ID, TxnSettings().num_partitions)
 
     def run(self) -> None:
         try:

@@ -17,7 +17,8 @@ from raftlog.partition.batch import Record, build_batch, decode_records, parse_h
 from raftlog.partition.cleaner import read_cleaner_checkpoint
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner, PassResult
 from raftlog.partition.log import LogConfig, PartitionLog
-from raftlog.partition.manager import Partition, PartitionManager
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.partition.txn_index import AbortedTxn, build_marker
 
 T0 = 1_700_000_000_000

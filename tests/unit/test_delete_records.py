@@ -25,7 +25,8 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
-from raftlog.partition.manager import Partition, PartitionManager
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.partition.replica_state import LeaderState
 from raftlog.partition.segment import Segment
 from raftlog.protocol import codec

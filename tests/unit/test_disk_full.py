@@ -33,7 +33,8 @@ from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.epoch_cache import LEADER_EPOCH_CHECKPOINT
 from raftlog.partition.errors import CorruptRecordError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
-from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import now_ms
 from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, RequestHeader
 from raftlog.protocol.errors import ErrorCode

@@ -38,8 +38,8 @@ from raftlog.group.records import (
     encode_key,
     encode_offset_value,
 )
-from raftlog.group.service import java_string_hash, partition_for
 from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import coordinator_partition, java_string_hash
 
 SESSION = 10_000
 REBALANCE = 20_000
@@ -212,8 +212,8 @@ def test_partition_for_matches_java() -> None:
     assert java_string_hash("") == 0
     assert java_string_hash("hello") == 99162322
     assert java_string_hash("polygenelubricants") == -(1 << 31)
-    assert partition_for("polygenelubricants", 50) == 0
-    assert 0 <= partition_for("any-group", 10) < 10
+    assert coordinator_partition("polygenelubricants", 50) == 0
+    assert 0 <= coordinator_partition("any-group", 10) < 10
 
 
 class GroupMachine(RuleBasedStateMachine):

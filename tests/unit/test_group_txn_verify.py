@@ -7,7 +7,7 @@ import pytest
 
 from raftlog.group.txn_offsets import _verify_error
 from raftlog.protocol.errors import ErrorCode
-from raftlog.txn.coordinator_service import _produce_verdict
+from raftlog.txn.verification import _produce_verdict
 
 
 @pytest.mark.parametrize(("coordinator_code", "expected"), [

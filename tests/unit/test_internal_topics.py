@@ -45,7 +45,7 @@ from raftlog.metadata import errors
 from raftlog.metadata.image import MetadataImage, TopicImage, frozen_mapping
 from raftlog.partition.batch import build_batch
 from raftlog.partition.log import LogConfig, PartitionLog
-from raftlog.partition.manager import Partition
+from raftlog.partition.partition import Partition
 from raftlog.protocol.internal_topics import (
     OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
@@ -54,7 +54,7 @@ from raftlog.protocol.internal_topics import (
     is_internal_topic,
 )
 from raftlog.txn import coordinator as core
-from raftlog.txn.coordinator_service import _replay
+from raftlog.txn.state_log import _replay
 
 T0 = 1_700_000_000_000
 

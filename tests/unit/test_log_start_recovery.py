@@ -25,14 +25,16 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.partition.batch import build_batch, decode_records
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import KafkaStorageError, LogConfig, PartitionLog
-from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import now_ms
 from raftlog.partition.producer_snapshot import log_headers
 from raftlog.partition.segment import Segment
 from raftlog.protocol import codec
 from raftlog.protocol.codec import RequestHeader
 from raftlog.protocol.schemas import LIST_OFFSETS
 from raftlog.quorum.interface import Quorum
-from raftlog.replication.manager import FollowerAssignment, LeaderFetcher, ReplicaManager
+from raftlog.replication.fetcher import FollowerAssignment, LeaderFetcher
+from raftlog.replication.manager import ReplicaManager
 from raftlog.server.listener import RequestContext
 from tests.unit.test_delete_records import fail_delete_of
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import trio
 
 from raftlog.partition.batch import build_batch
-from raftlog.partition.manager import PartitionManager, log_config_for, now_ms
+from raftlog.partition.manager import PartitionManager, log_config_for
+from raftlog.partition.partition import now_ms
 
 DEFAULTS = {"flush.messages": str(2**63 - 1), "flush.ms": str(2**63 - 1)}
 

@@ -33,11 +33,13 @@ from raftlog.metadata.records import (
 )
 from raftlog.metadata.testing import MachineDriver, make_topic_id
 from raftlog.partition.batch import build_batch, decode_records, validate_batches
-from raftlog.partition.manager import Partition, PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition, now_ms
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FETCH, LIST_OFFSETS, METADATA, OFFSET_FOR_LEADER_EPOCH, PRODUCE
-from raftlog.replication.manager import ReplicaManager, ReplicationSettings
+from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.server.listener import (
     Handler,

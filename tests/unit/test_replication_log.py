@@ -12,7 +12,8 @@ import trio
 from raftlog.partition.batch import build_batch, validate_batches
 from raftlog.partition.errors import CorruptRecordError, UnexpectedOffsetError
 from raftlog.partition.log import LOG_APPEND_TIME, LogConfig, PartitionLog
-from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import now_ms
 from raftlog.partition.replica_state import LeaderState
 
 T0 = 1_700_000_000_000

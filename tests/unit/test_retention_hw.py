@@ -17,7 +17,8 @@ import raftlog.partition.log_retention as log_retention
 from raftlog.broker.fetch import follower_can_advance_start
 from raftlog.partition.batch import build_batch
 from raftlog.partition.log import LogConfig, PartitionLog
-from raftlog.partition.manager import Partition, PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition, now_ms
 
 DAY_MS = 24 * 3600 * 1000
 T0 = 1_700_000_000_000

@@ -13,7 +13,8 @@ import trio.testing
 
 from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT, ConfigError, ServerConfig
 from raftlog.partition.batch import build_batch
-from raftlog.partition.manager import PartitionManager, now_ms
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import now_ms
 
 HOUR_MS = 3_600_000
 

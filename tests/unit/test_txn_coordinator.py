@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from raftlog.protocol.errors import ErrorCode
+from raftlog.protocol.internal_topics import coordinator_partition
 from raftlog.txn import coordinator as core
 from raftlog.txn.coordinator import TxnState
 
@@ -22,8 +23,8 @@ def _init(current: core.TxnMetadata | None = None, pid: int = -1, epoch: int = -
 
 def test_partition_for_matches_java_hash() -> None:
     # "abc".hashCode() == 96354; "transactional-id" checked against Java by hand.
-    assert core.partition_for("abc", 50) == 96354 % 50
-    assert 0 <= core.partition_for("\u00e9\u4e2d", 50) < 50
+    assert coordinator_partition("abc", 50) == 96354 % 50
+    assert 0 <= coordinator_partition("\u00e9\u4e2d", 50) < 50
 
 
 def test_happy_path_commit_and_abort() -> None:

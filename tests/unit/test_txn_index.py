@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from raftlog.partition.batch import build_batch, parse_header
-from raftlog.partition.manager import Partition, PartitionManager
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.partition.txn_index import (
     ABORT,
     COMMIT,

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import raftlog.partition.manager as manager_module
 import raftlog.partition.txn_index as txn_index_module
 from raftlog.partition.batch import build_batch, parse_header
-from raftlog.partition.manager import Partition, PartitionManager
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.partition.txn_index import AbortedTxn, build_marker
 from raftlog.partition.txn_index_file import (
     ENTRY_BYTES,

@@ -1,0 +1,167 @@
+"""The leader side of replication: follower positions, the ISR and AlterPartition.
+
+* ``record_follower_fetch``: a follower's fetch (served by ``KafkaApis.fetch``) moves its
+  position, maybe the high watermark, and maybe asks to expand the ISR.
+* the ISR check task (Kafka's isr-expiration): shrink a follower not caught up within
+  ``replica.lag.time.max.ms``, expand one whose end reached the HW, through the injected
+  ``alter_isr`` (the AlterPartition RPC); the HW uses the maximal ISR until the outcome is
+  known (``raftlog.partition.replica_state``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from raftlog.metadata import errors as metadata_errors
+from raftlog.metadata.image import PartitionImage
+from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition, now_ms
+from raftlog.partition.replica_state import LeaderState, PendingIsr
+from raftlog.protocol.errors import ErrorCode
+from raftlog.replication.settings import ReplicationSettings
+
+__all__ = ["AlterIsr", "IsrManager"]
+
+log = logging.getLogger(__name__)
+
+# alter_isr(topic, partition, new_isr, leader_epoch, partition_epoch) sends AlterPartition for
+# one partition: ``partition_epoch`` is the committed epoch the change is based on (the
+# controller compare-and-sets it). Returns (Kafka error code, the partition as committed, or
+# None when the answer does not carry it). Raising (or timing out) means "outcome unknown".
+AlterIsr = Callable[
+    [str, int, tuple[int, ...], int, int], Awaitable[tuple[int, PartitionImage | None]]
+]
+
+# The controller refused the change for certain, and our view is not merely stale.
+_DEFINITIVE_ALTER_ERRORS = frozenset({
+    metadata_errors.INELIGIBLE_REPLICA,
+    metadata_errors.INVALID_REQUEST,
+    metadata_errors.NOT_CONTROLLER,
+    metadata_errors.UNKNOWN_TOPIC_OR_PARTITION,
+    metadata_errors.FENCED_LEADER_EPOCH,
+    metadata_errors.UNKNOWN_TOPIC_ID,
+})
+
+
+class IsrManager:
+    """Follower positions and ISR changes of the partitions this node leads. ``run`` (in
+    the replica manager's nursery) runs the ISR checks and the AlterPartition requests; until
+    it runs, nothing is sent."""
+
+    def __init__(self, manager: PartitionManager, node_id: int, settings: ReplicationSettings,
+                 alter_isr: AlterIsr | None, is_eligible: Callable[[int], bool]) -> None:
+        self.manager = manager
+        self.node_id = node_id
+        self.settings = settings
+        self.alter_isr = alter_isr
+        self.is_eligible = is_eligible
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The ISR checks and the AlterPartition requests, until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._run_isr_checks()
+        finally:
+            self._nursery = None
+
+    # --- the leader side of follower fetches -----------------------------------------------
+
+    def record_follower_fetch(self, partition: Partition, replica_id: int,
+                              fetch_offset: int, log_start_offset: int = -1) -> bool:
+        """A follower fetched from ``fetch_offset`` reporting its ``log_start_offset`` (the
+        leader checked leadership, epoch and range). Updates its position, maybe the HW,
+        maybe asks to expand the ISR; wakes DeleteRecords waiting for the low watermark when
+        its log start moved. False when ``replica_id`` is not one of the partition's
+        replicas."""
+        state = partition.leader_state
+        if state is None:
+            return False
+        now = now_ms()
+        follower = state.followers.get(replica_id)
+        start_before = None if follower is None else follower.log_start_offset
+        if not state.record_fetch(replica_id, fetch_offset, partition.log.log_end_offset, now,
+                                  log_start_offset):
+            return False
+        if follower is not None and follower.log_start_offset != start_before:
+            partition.notify_changed()
+        self.manager.update_high_watermark(partition)
+        if replica_id not in state.isr:
+            self.maybe_change_isr(partition, now)
+        return True
+
+    # --- ISR changes -----------------------------------------------------------------------
+
+    async def _run_isr_checks(self) -> None:
+        """Kafka's isr-expiration task: every half lag time (at most each second)."""
+        while True:
+            lag_times = [p.replica_lag_time_max_ms for p in self.manager.partitions.values()
+                         if p.leader_state is not None]
+            interval_ms = min([*lag_times, self.settings.replica_lag_time_max_ms]) / 2
+            await trio.sleep(min(max(interval_ms, 10), 1000) / 1000)
+            self.check_isr()
+
+    def check_isr(self) -> None:
+        """Shrink (or expand, or retry) the ISR of every partition this node leads."""
+        now = now_ms()
+        for partition in list(self.manager.partitions.values()):
+            if partition.is_leader and partition.leader_state is not None:
+                self.maybe_change_isr(partition, now)
+                self.manager.update_high_watermark(partition)
+
+    def maybe_change_isr(self, partition: Partition, now: int) -> None:
+        state = partition.leader_state
+        if state is None or self.alter_isr is None or self._nursery is None:
+            return
+        settings = self.settings
+        if not state.can_send_change(now, settings.alter_isr_retry_backoff_ms,
+                                     settings.alter_isr_timeout_ms):
+            return
+        proposed = state.proposed_isr(partition.log.log_end_offset, partition.high_watermark,
+                                      now, partition.replica_lag_time_max_ms, self.is_eligible)
+        if proposed is None:
+            if state.pending is None:
+                return
+            proposed = state.isr  # settle a failed change whose outcome is unknown
+        pending = state.begin_change(proposed, now)
+        log.info("partition %s-%d: asking to change the ISR %s -> %s (partition epoch %d)",
+                 partition.topic, partition.index, list(state.isr), list(proposed),
+                 pending.partition_epoch)
+        self._nursery.start_soon(self._send_alter_isr, partition, state, pending)
+
+    async def _send_alter_isr(self, partition: Partition, state: LeaderState,
+                              pending: PendingIsr) -> None:
+        assert self.alter_isr is not None
+        try:
+            with trio.fail_after(self.settings.alter_isr_timeout_ms / 1000):
+                error, committed = await self.alter_isr(
+                    partition.topic, partition.index, pending.proposed, state.leader_epoch,
+                    pending.partition_epoch)
+        except Exception as exc:  # trio.TooSlowError included: the outcome is unknown
+            log.warning("partition %s-%d: AlterPartition failed: %r", partition.topic,
+                        partition.index, exc)
+            state.change_failed(pending, now_ms(), definitive=False)
+            return
+        if partition.leader_state is not state:
+            return  # no longer leading this epoch; metadata has taken over
+        if error == ErrorCode.NONE:
+            if committed is not None and committed.leader == self.node_id and \
+                    committed.leader_epoch == state.leader_epoch:
+                partition.take_committed_isr(committed.isr, committed.partition_epoch)
+                log.info("partition %s-%d: ISR now %s (partition epoch %d)", partition.topic,
+                         partition.index, list(state.isr), state.partition_epoch)
+            else:
+                state.change_accepted(pending)
+        else:
+            log.info("partition %s-%d: AlterPartition to %s refused: %s", partition.topic,
+                     partition.index, list(pending.proposed),
+                     metadata_errors.error_name(error))
+            state.change_failed(pending, now_ms(),
+                                definitive=error in _DEFINITIVE_ALTER_ERRORS)
+        self.manager.update_high_watermark(partition)
