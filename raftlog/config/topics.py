@@ -50,6 +50,7 @@ def _any_string(name: str, text: str) -> None:
 
 
 def check_ratio(name: str, text: str) -> None:
+    """A number in [0, 1] (min.cleanable.dirty.ratio)."""
     try:
         value = float(text)
     except ValueError:
@@ -59,6 +60,7 @@ def check_ratio(name: str, text: str) -> None:
 
 
 def check_cleanup_policy(name: str, text: str) -> None:
+    """A non-empty list of delete and/or compact."""
     policies = parse_list(text)
     if not policies or not set(policies) <= CLEANUP_POLICIES:
         raise ConfigError(name, f"expected a list of {sorted(CLEANUP_POLICIES)}, got {text!r}")

@@ -27,6 +27,8 @@ TopicPartition = tuple[str, int]
 
 @dataclass
 class Member:
+    """One member of a group: its session, its protocols and what it awaits."""
+
     member_id: str
     instance_id: str | None
     client_id: str
@@ -48,6 +50,8 @@ class Member:
 
 @dataclass
 class Group:
+    """One consumer group: its state, generation, members and committed offsets."""
+
     group_id: str
     state: str = EMPTY
     generation: int = 0

@@ -47,6 +47,7 @@ PORT_MAX: Final = 65535
 def register_broker(
     image: MetadataImage, record: RegisterBroker, offset: int
 ) -> tuple[MetadataImage, int]:
+    """RegisterBroker: a new incarnation starts fenced; the same one again is a no-op."""
     check_node_id(record.node_id)
     if not 0 < len(record.host) <= HOST_LENGTH_MAX or not 1 <= record.port <= PORT_MAX:
         reject(errors.INVALID_REQUEST, f"invalid endpoint {record.host!r}:{record.port}")
@@ -70,6 +71,7 @@ def register_broker(
 def set_fenced(
     image: MetadataImage, node_id: int, fenced: bool, offset: int
 ) -> tuple[MetadataImage, None]:
+    """FenceBroker and UnfenceBroker."""
     broker = image.brokers.get(node_id)
     if broker is None:
         reject(errors.BROKER_ID_NOT_REGISTERED, f"broker {node_id} is not registered")
@@ -80,6 +82,7 @@ def set_fenced(
 
 
 def become_controller(image: MetadataImage, record: BecomeController) -> tuple[MetadataImage, int]:
+    """BecomeController: the term and its node (fencing was checked before)."""
     check_node_id(record.node_id)
     next_image = dataclasses.replace(
         image, controller_term=record.term, controller_node_id=record.node_id
@@ -88,6 +91,7 @@ def become_controller(image: MetadataImage, record: BecomeController) -> tuple[M
 
 
 def producer_id_block(image: MetadataImage, record: ProducerIdBlock) -> tuple[MetadataImage, int]:
+    """ProducerIdBlock: the next block, under compare-and-set on the next free id."""
     if record.node_id not in image.brokers:
         reject(errors.BROKER_ID_NOT_REGISTERED, f"broker {record.node_id} is not registered")
     if not 1 <= record.block_size <= PRODUCER_ID_BLOCK_SIZE_MAX:
@@ -106,6 +110,7 @@ def producer_id_block(image: MetadataImage, record: ProducerIdBlock) -> tuple[Me
 def alter_configs(
     image: MetadataImage, record: AlterConfigs, offset: int
 ) -> tuple[MetadataImage, None]:
+    """AlterConfigs on a topic or on the brokers (cluster-wide or one node)."""
     set_keys = [key for key, _ in record.set]
     if len(set(set_keys)) != len(set_keys) or len(set(record.delete)) != len(record.delete):
         reject(errors.INVALID_REQUEST, "a config key appears twice")

@@ -54,6 +54,7 @@ def validate_topic_name(name: str) -> str | None:
 def create_topic(
     image: MetadataImage, record: CreateTopic, offset: int
 ) -> tuple[MetadataImage, bytes]:
+    """CreateTopic: a new topic with the recorded id, placement and configs."""
     _check_new_topic_name(image, record.name)
     if len(record.topic_id) != TOPIC_ID_BYTES or not any(record.topic_id):
         reject(errors.INVALID_REQUEST, "topic id must be 16 bytes and not all zero")
@@ -135,6 +136,7 @@ def _new_partition(image: MetadataImage, index: int, replicas: tuple[int, ...]) 
 
 
 def checked_configs(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Topic configs as a dict, each key once and each value valid."""
     configs: dict[str, str] = {}
     for key, value in pairs:
         if key in configs:
@@ -147,6 +149,7 @@ def checked_configs(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def delete_topic(image: MetadataImage, record: DeleteTopic) -> tuple[MetadataImage, bytes]:
+    """DeleteTopic: the named topic goes, if its id is the recorded one."""
     topic = existing_topic(image, record.name)
     if topic.topic_id != record.topic_id:
         reject(errors.UNKNOWN_TOPIC_ID, f"topic {record.name!r} has a different topic id")
@@ -161,6 +164,7 @@ def delete_topic(image: MetadataImage, record: DeleteTopic) -> tuple[MetadataIma
 def create_partitions(
     image: MetadataImage, record: CreatePartitions, offset: int
 ) -> tuple[MetadataImage, int]:
+    """CreatePartitions: new partitions appended with the topic's replication factor."""
     topic = existing_topic(image, record.name)
     total = len(topic.partitions) + len(record.new_partitions)
     if not record.new_partitions or total > PARTITIONS_PER_TOPIC_MAX:
@@ -181,6 +185,7 @@ def create_partitions(
 def partition_change(
     image: MetadataImage, record: PartitionChange, offset: int
 ) -> tuple[MetadataImage, int]:
+    """PartitionChange: a new leader and ISR, under the partition-epoch compare-and-set."""
     topic = existing_topic(image, record.topic)
     current = image.partition(record.topic, record.partition)
     if current is None:

@@ -127,6 +127,7 @@ def _absent_default(f: Field) -> Callable[[], Any]:
 
 
 def struct_reader(compiled: Compiled) -> Reader:
+    """Reads a compiled struct: its fields in order, then (flexible) its tagged fields."""
     def read(buf: memoryview, pos: int) -> tuple[Struct, int]:
         values: dict[str, Any] = {}
         for name, reader, _, _ in compiled.fields:
@@ -158,6 +159,7 @@ def _read_tagged(buf: memoryview, pos: int, compiled: Compiled, values: dict[str
 
 
 def struct_writer(compiled: Compiled) -> Writer:
+    """Writes a mapping or Struct as a compiled struct; missing fields take their default."""
     def write(out: Output, value: Any) -> None:
         get = _getter(value)
         for name, _, writer, make in compiled.fields:

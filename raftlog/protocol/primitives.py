@@ -84,6 +84,7 @@ def _fixed_reader(packer: struct.Struct) -> Reader:
 
 
 def read_uvarint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """An unsigned varint (at most 64 bits), as KIP-482 lengths and tags are written."""
     result = 0
     shift = 0
     while True:
@@ -128,6 +129,7 @@ def _length_reader(compact: bool) -> Callable[[memoryview, int], tuple[int, int]
 
 
 def string_reader(compact: bool, nullable: bool) -> Reader:
+    """A string reader: int16 length, or compact (uvarint length + 1); -1/0 is null."""
     read_length = _length_reader(compact) if compact else read_i16
 
     def read(buf: memoryview, pos: int) -> tuple[str | None, int]:
@@ -165,6 +167,7 @@ def _bytes_reader(compact: bool, nullable: bool) -> Reader:
 
 
 def array_reader(item: Reader, compact: bool, nullable: bool) -> Reader:
+    """An array reader for elements read by ``item``; refuses counts the frame cannot hold."""
     read_length = _length_reader(compact)
 
     def read(buf: memoryview, pos: int) -> tuple[tuple[Any, ...] | None, int]:
@@ -211,6 +214,7 @@ class Output:
 
 
 def write_uvarint(out: bytearray, value: int) -> None:
+    """Appends ``value`` as an unsigned varint."""
     if value < 0:
         raise EncodeError(f"negative varint {value}")
     while value >= 0x80:
@@ -258,6 +262,7 @@ _STRING_BYTES_MAX = 0x7FFF  # a non-compact string's int16 length
 
 
 def string_writer(compact: bool, nullable: bool) -> Writer:
+    """A string writer; a non-compact string longer than an int16 length is an EncodeError."""
     def write(out: Output, value: Any) -> None:
         if value is None:
             if not nullable:
@@ -326,6 +331,7 @@ def _records_writer(compact: bool, nullable: bool) -> Writer:
 
 
 def array_writer(item: Writer, compact: bool, nullable: bool) -> Writer:
+    """An array writer; an element's failure names its ``[index]``."""
     def write(out: Output, value: Any) -> None:
         if value is None:
             if not nullable:
