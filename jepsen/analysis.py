@@ -11,15 +11,8 @@ from typing import Any, TypeAlias
 
 from jepsen.anomalies import CheckerOptions, Example
 from jepsen.graph import DiGraph
-from jepsen.history import (
-    TXN_FS,
-    History,
-    Key,
-    Op,
-    Send,
-    Value,
-    sort_key,
-)
+from jepsen.history import History
+from jepsen.ops import TXN_FS, Key, Op, Send, Value, sort_key
 
 
 @dataclass

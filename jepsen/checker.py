@@ -91,7 +91,7 @@ from jepsen.anomalies import (
 )
 from jepsen.cycles import build_graph, find_cycles
 from jepsen.graph import DiGraph, rel_names
-from jepsen.history import READ_FS, TXN_FS, WRITE_FS, History, Op, jsonable, read_jsonl
+from jepsen.history import History, read_jsonl
 from jepsen.key_checks import (
     duplicates,
     g1a,
@@ -100,6 +100,7 @@ from jepsen.key_checks import (
     unexpected_values,
     unseen_messages,
 )
+from jepsen.ops import READ_FS, TXN_FS, WRITE_FS, Op, jsonable
 from jepsen.order_checks import internal_order, nonmonotonic_sends, poll_order
 
 __all__ = [

@@ -20,7 +20,7 @@ from jepsen.graph import (
     rel_names,
     strongly_connected_components,
 )
-from jepsen.history import TXN_FS, Op, Process
+from jepsen.ops import TXN_FS, Op, Process
 
 
 def build_graph(

@@ -10,14 +10,7 @@ from typing import Any
 
 from jepsen.analysis import Analysis, must_have_committed
 from jepsen.anomalies import Example
-from jepsen.history import (
-    READ_FS,
-    TXN_FS,
-    Key,
-    Op,
-    Value,
-    sort_key,
-)
+from jepsen.ops import READ_FS, TXN_FS, Key, Op, Value, sort_key
 
 
 def duplicates(a: Analysis) -> list[Example]:

@@ -11,15 +11,7 @@ from collections.abc import Sequence
 
 from jepsen.analysis import Analysis, VersionOrder
 from jepsen.anomalies import Example
-from jepsen.history import (
-    READ_FS,
-    SUBSCRIPTION_FS,
-    WRITE_FS,
-    Key,
-    Op,
-    Process,
-    Value,
-)
+from jepsen.ops import READ_FS, SUBSCRIPTION_FS, WRITE_FS, Key, Op, Process, Value
 
 
 def _delta(vo: VersionOrder | None, v1: Value, v2: Value) -> tuple[int, int | None, int | None]:
