@@ -26,7 +26,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 
-from raftlog.group import offsets as group_offsets
+import raftlog.group.offsets as group_offsets
 from raftlog.group.model import (
     COMPLETING_REBALANCE,
     DEAD,
