@@ -23,7 +23,6 @@ record conversions) are in :mod:`raftlog.group.model`, the offset-commit rules i
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 
 import raftlog.group.offsets as group_offsets
@@ -41,6 +40,7 @@ from raftlog.group.model import (
     describe_group,
     group_value,
     is_fenced,
+    random_member_id,
     restore_group,
     select_protocol,
 )
@@ -96,7 +96,7 @@ class GroupCoordinator:
         self.persists: list[PendingPersist] = []
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
-        self._new_member_id = new_member_id or _random_member_id
+        self._new_member_id = new_member_id or random_member_id
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
 
     # -- JoinGroup ---------------------------------------------------------------------------
@@ -589,12 +589,3 @@ def _join_error(code: int, member_id: str) -> Body:
 
 def _sync_body(code: int, assignment: bytes = b"") -> Body:
     return {"error_code": code, "assignment": assignment}
-
-
-# The client id (or group.instance.id) that starts a member id is the client's, up to 32767
-# bytes; a member id longer than that could not be sent back (JoinGroup v0-5 strings).
-MEMBER_ID_PREFIX_CHARS_MAX = 1024
-
-
-def _random_member_id(prefix: str) -> str:
-    return f"{prefix[:MEMBER_ID_PREFIX_CHARS_MAX]}-{uuid.uuid4()}"

@@ -9,6 +9,7 @@ Stable, and back to PreparingRebalance when members join, leave or time out; Dea
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,16 @@ class PendingPersist:
     tokens: tuple[int, ...] = ()
     replaced: Member | None = None  # a static member's old incarnation
     replacement: Member | None = None  # ...and the member that took its place
+
+
+# The client id (or group.instance.id) that starts a member id is the client's, up to 32767
+# bytes; a member id longer than that could not be sent back (JoinGroup v0-5 strings).
+MEMBER_ID_PREFIX_CHARS_MAX = 1024
+
+
+def random_member_id(prefix: str) -> str:
+    """A new member id: the client's prefix (cut to a sendable length), a dash, a UUID."""
+    return f"{prefix[:MEMBER_ID_PREFIX_CHARS_MAX]}-{uuid.uuid4()}"
 
 
 def is_fenced(group: Group, member_id: str, instance_id: str | None) -> bool:
