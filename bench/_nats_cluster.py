@@ -16,7 +16,8 @@ from typing import Any
 
 import _nats_side
 import nats
-from _nats_side import STREAM, SUBJECT, nats_server_binary
+from _nats_server import nats_server_binary
+from _nats_side import STREAM, SUBJECT
 from _raftlog_cluster import measure_cpu_pids
 from _support import PhaseResult, ServerProcess, free_port
 from nats.js.api import StorageType, StreamConfig

@@ -8,12 +8,11 @@ syncs every 2 minutes and 2.9.10 has no `sync_interval`), whereas raftlog acks a
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import nats
+from _nats_server import nats_server_binary
 from _support import PhaseResult, ServerProcess, free_port, measure_cpu
 from nats.js.api import AckPolicy, ConsumerConfig, PubAck, StorageType, StreamConfig
 
@@ -23,19 +22,6 @@ DURABLE = "bench-reader"
 PUBLISH_TIMEOUT_S = 180.0
 FETCH_TIMEOUT_S = 5.0
 CONSUME_TIMEOUT_S = 180.0
-
-
-def nats_server_binary() -> str:
-    path = shutil.which("nats-server") or "/usr/sbin/nats-server"
-    if not Path(path).exists():
-        raise RuntimeError("nats-server is not installed: apt-get install -y nats-server")
-    return path
-
-
-def nats_server_version() -> str:
-    out = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True,
-                         check=False)
-    return (out.stdout or out.stderr).strip()
 
 
 class NatsNode:

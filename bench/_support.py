@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import statistics
@@ -21,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _nats_server import nats_server_path, nats_server_version
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 MB = 1_000_000  # MB/s figures use decimal megabytes of payload, as peer-baselines.md does
@@ -207,7 +208,6 @@ class Spread:
 def environment() -> dict[str, Any]:
     """What a benchmark result depends on: interpreter, box, load, client and peer versions."""
     import confluent_kafka
-    from _nats_side import nats_server_version
 
     try:
         from importlib.metadata import version
@@ -246,7 +246,7 @@ def check_prerequisites() -> str | None:
         import nats  # noqa: F401
     except ImportError as exc:
         return f"{exc}: pip install -e '.[bench]' (confluent-kafka and nats-py)"
-    if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
+    if nats_server_path() is None:
         return "nats-server is missing: apt-get install -y nats-server (Debian ships 2.9.10)"
     return None
 

@@ -34,13 +34,11 @@ from typing import Any
 
 import trio
 
-import raftlog.protocol.schemas_group
-import raftlog.protocol.schemas_txn
-import raftlog.server.listener  # noqa: F401  (registers every other API the listener decodes)
 from raftlog.partition.batch import build_batch
 from raftlog.protocol import codec
+from raftlog.protocol.api_table import APIS_BY_KEY
 from raftlog.protocol.codec import Api, DecodeError, Field
-from raftlog.protocol.schemas import API_VERSIONS, APIS_BY_KEY, ENVELOPE, PRODUCE
+from raftlog.protocol.schemas import API_VERSIONS, ENVELOPE, PRODUCE
 from raftlog.security.session import ADMIN_USER, CLUSTER_MECHANISM, ClusterCredentials
 
 # Every API the listener decodes: schemas.py, schemas_group.py, schemas_txn.py and the rest.

@@ -35,47 +35,92 @@ Election rules (``unclean.leader.election.enable=false``):
   change keeps the leader epoch, so the leader's AlterPartition requests stay valid;
 * preferred-leader rebalancing moves leadership back to the first replica once it is usable
   and in the ISR.
+
+This module holds the core itself (leases, requests, placement, reconciliation); the election
+rules are in :mod:`raftlog.controller.elections`, config-change planning in
+:mod:`raftlog.controller.config_changes`, and the Proposal/Decision answer types in
+:mod:`raftlog.controller.decisions`.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from raftlog.config import (
-    BROKER_DYNAMIC_CONFIG_KEYS,
-    TOPIC_CONFIG_KEYS,
-    parse_list,
-    validate_broker_dynamic_config,
-    validate_topic_config,
+from raftlog.controller.config_changes import (
+    CONFIG_OP_APPEND,
+    CONFIG_OP_DELETE,
+    CONFIG_OP_SET,
+    CONFIG_OP_SUBTRACT,
+    CONFIG_RESOURCE_BROKER,
+    CONFIG_RESOURCE_TOPIC,
+    ConfigAlteration,
+    ConfigOp,
+    plan_config_change,
+)
+from raftlog.controller.decisions import (
+    DUPLICATE_BROKER_REGISTRATION,
+    INCONSISTENT_CLUSTER_ID,
+    NOT_LEADER_OR_FOLLOWER,
+    OPERATION_NOT_ATTEMPTED,
+    STALE_BROKER_EPOCH,
+    Decision,
+    Proposal,
+    rejected,
+)
+from raftlog.controller.elections import (
+    all_partitions,
+    elect,
+    plan_partition,
+    plan_partition_changes,
 )
 from raftlog.metadata import errors
-from raftlog.metadata.image import NO_LEADER, BrokerImage, MetadataImage, PartitionImage
+from raftlog.metadata.image import BrokerImage, MetadataImage
 from raftlog.metadata.placement import assign_replicas
 from raftlog.metadata.records import (
-    AlterConfigs,
     FenceBroker,
     PartitionChange,
     ProducerIdBlock,
-    Record,
     RegisterBroker,
     UnfenceBroker,
 )
-from raftlog.protocol.internal_topics import cleanup_policy_refusal
 
-# Kafka error codes the controller answers with that the state machine never produces.
-NOT_LEADER_OR_FOLLOWER: Final = 6
-OPERATION_NOT_ATTEMPTED: Final = 55
-STALE_BROKER_EPOCH: Final = 77
-DUPLICATE_BROKER_REGISTRATION: Final = 101
-INCONSISTENT_CLUSTER_ID: Final = 104
+# The controller's interface: the core, its request and answer types, and the planning
+# functions and codes its callers use (defined in the modules named above).
+__all__ = [
+    "ANY_BROKER_EPOCH",
+    "CONFIG_OP_APPEND",
+    "CONFIG_OP_DELETE",
+    "CONFIG_OP_SET",
+    "CONFIG_OP_SUBTRACT",
+    "CONFIG_RESOURCE_BROKER",
+    "CONFIG_RESOURCE_TOPIC",
+    "DUPLICATE_BROKER_REGISTRATION",
+    "INCONSISTENT_CLUSTER_ID",
+    "NOT_LEADER_OR_FOLLOWER",
+    "OPERATION_NOT_ATTEMPTED",
+    "PRODUCER_ID_BLOCK_SIZE",
+    "STALE_BROKER_EPOCH",
+    "AlterPartitionRequest",
+    "ConfigAlteration",
+    "ConfigOp",
+    "ControllerCore",
+    "ControllerSettings",
+    "Decision",
+    "Heartbeat",
+    "HeartbeatReply",
+    "Proposal",
+    "Registration",
+    "elect",
+    "plan_config_change",
+    "plan_partition",
+    "plan_partition_changes",
+]
 
 PRODUCER_ID_BLOCK_SIZE: Final = 1000
 # Any broker epoch: AlterPartition/AllocateProducerIds senders that do not know theirs.
 ANY_BROKER_EPOCH: Final = -1
-UNCLEAN_ELECTION_CONFIG: Final = "unclean.leader.election.enable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +154,6 @@ class ControllerSettings:
         assert self.disconnected_grace_ms > 0
         assert self.rebalance_interval_ms >= 0
         assert self.producer_id_block_size > 0
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """A record to propose, with the compare-and-set version to propose it under."""
-
-    record: Record
-    expected_version: int | None = None
-    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,33 +202,10 @@ class AlterPartitionRequest:
     partition_epoch: int
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The core's answer to one request: an error, or records to propose (maybe none).
-
-    ``partition`` is the current state of the partition an AlterPartition named, so a no-op
-    request can be answered without proposing anything.
-    """
-
-    error_code: int = errors.NONE
-    message: str | None = None
-    proposals: tuple[Proposal, ...] = ()
-    partition: PartitionImage | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error_code == errors.NONE
-
-
 @dataclass(slots=True)
 class _Lease:
     broker_epoch: int
     expires_ms: int
-
-
-def _rejected(error_code: int, message: str, partition: PartitionImage | None = None) -> Decision:
-    assert error_code != errors.NONE
-    return Decision(error_code, message, (), partition)
 
 
 class ControllerCore:
@@ -282,7 +295,7 @@ class ControllerCore:
         self._observe(image, now_ms)
         expected = self.settings.cluster_id
         if expected is not None and request.cluster_id and request.cluster_id != expected:
-            return _rejected(
+            return rejected(
                 INCONSISTENT_CLUSTER_ID,
                 f"broker {request.broker_id} is in cluster {request.cluster_id!r}, "
                 f"this is {expected!r}",
@@ -300,7 +313,7 @@ class ControllerCore:
             # A new incarnation listening on the old one's very host:port proves the old
             # process gone (two processes cannot hold one port), so a restart after a crash
             # re-registers at once instead of waiting out the old session.
-            return _rejected(
+            return rejected(
                 DUPLICATE_BROKER_REGISTRATION,
                 f"broker {request.broker_id} is registered with another incarnation whose "
                 f"session is still valid",
@@ -319,11 +332,11 @@ class ControllerCore:
         self._observe(image, now_ms)
         broker = image.brokers.get(request.broker_id)
         if broker is None:
-            return _rejected(
+            return rejected(
                 errors.BROKER_ID_NOT_REGISTERED, f"broker {request.broker_id} is not registered"
             )
         if request.broker_epoch != broker.epoch:
-            return _rejected(
+            return rejected(
                 STALE_BROKER_EPOCH,
                 f"broker epoch {request.broker_epoch}, current is {broker.epoch}",
             )
@@ -359,7 +372,7 @@ class ControllerCore:
             request.want_shut_down
             and self._shutting_down.get(broker.node_id) == broker.epoch
             and broker.fenced
-            and not any(p.leader == broker.node_id for p in _all_partitions(image))
+            and not any(p.leader == broker.node_id for p in all_partitions(image))
         )
         return HeartbeatReply(
             errors.NONE,
@@ -375,37 +388,37 @@ class ControllerCore:
         """
         broker = image.brokers.get(request.broker_id)
         if broker is None:
-            return _rejected(
+            return rejected(
                 errors.BROKER_ID_NOT_REGISTERED, f"broker {request.broker_id} is not registered"
             )
         if request.broker_epoch not in (ANY_BROKER_EPOCH, broker.epoch):
-            return _rejected(
+            return rejected(
                 STALE_BROKER_EPOCH, f"broker epoch {request.broker_epoch}, current {broker.epoch}"
             )
         current = image.partition(request.topic, request.partition)
         name = f"{request.topic}-{request.partition}"
         if current is None:
-            return _rejected(errors.UNKNOWN_TOPIC_OR_PARTITION, f"{name} does not exist")
+            return rejected(errors.UNKNOWN_TOPIC_OR_PARTITION, f"{name} does not exist")
         if (
             request.leader_epoch > current.leader_epoch
             or request.partition_epoch > current.partition_epoch
         ):
             # The leader has seen a newer state than ours: we are probably a deposed controller.
-            return _rejected(errors.NOT_CONTROLLER, f"{name}: request is newer than us", current)
+            return rejected(errors.NOT_CONTROLLER, f"{name}: request is newer than us", current)
         if request.leader_epoch < current.leader_epoch:
-            return _rejected(
+            return rejected(
                 errors.FENCED_LEADER_EPOCH,
                 f"{name}: leader epoch {request.leader_epoch}, current {current.leader_epoch}",
                 current,
             )
         if request.broker_id != current.leader:
-            return _rejected(
+            return rejected(
                 errors.INVALID_REQUEST,
                 f"{name}: broker {request.broker_id} is not the leader ({current.leader})",
                 current,
             )
         if request.partition_epoch < current.partition_epoch:
-            return _rejected(
+            return rejected(
                 errors.INVALID_UPDATE_VERSION,
                 f"{name}: partition epoch {request.partition_epoch}, "
                 f"current {current.partition_epoch}",
@@ -413,12 +426,12 @@ class ControllerCore:
             )
         new_isr = request.new_isr
         if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(current.replicas):
-            return _rejected(
+            return rejected(
                 errors.INVALID_REQUEST, f"{name}: ISR {list(new_isr)} is not a set of replicas",
                 current,
             )
         if current.leader not in new_isr:
-            return _rejected(
+            return rejected(
                 errors.INVALID_REQUEST, f"{name}: ISR {list(new_isr)} leaves out the leader",
                 current,
             )
@@ -427,7 +440,7 @@ class ControllerCore:
             if r not in image.brokers or image.brokers[r].fenced or r in self._shutting_down
         )
         if ineligible:
-            return _rejected(
+            return rejected(
                 OPERATION_NOT_ATTEMPTED,
                 f"{name}: replicas {ineligible} are fenced, shutting down or unregistered",
                 current,
@@ -446,9 +459,9 @@ class ControllerCore:
         """AllocateProducerIds: the next block of producer ids for ``broker_id``."""
         broker = image.brokers.get(broker_id)
         if broker is None:
-            return _rejected(errors.BROKER_ID_NOT_REGISTERED, f"broker {broker_id} unregistered")
+            return rejected(errors.BROKER_ID_NOT_REGISTERED, f"broker {broker_id} unregistered")
         if broker_epoch not in (ANY_BROKER_EPOCH, broker.epoch):
-            return _rejected(STALE_BROKER_EPOCH, f"broker epoch {broker_epoch}, current "
+            return rejected(STALE_BROKER_EPOCH, f"broker epoch {broker_epoch}, current "
                                                  f"{broker.epoch}")
         block = ProducerIdBlock(image.next_producer_id, self.settings.producer_id_block_size,
                                 broker_id)
@@ -509,236 +522,3 @@ class ControllerCore:
                 reason = "shutting down" if self.is_shutting_down(broker.node_id) else "expired"
                 proposals.append(Proposal(FenceBroker(broker.node_id), broker.version, reason))
         return proposals
-
-
-# --- Pure election rules --------------------------------------------------------------------
-
-
-def _all_partitions(image: MetadataImage) -> Iterable[PartitionImage]:
-    for topic in image.topics.values():
-        yield from topic.partitions
-
-
-def plan_partition_changes(
-    image: MetadataImage,
-    usable: frozenset[int],
-    *,
-    preferred: bool = False,
-    default_unclean: bool = False,
-) -> list[PartitionChange]:
-    """The PartitionChange records that bring every partition in line with ``usable``.
-
-    Topics in name order, partitions in index order, so the result is deterministic.
-    """
-    changes = []
-    for name in sorted(image.topics):
-        topic = image.topics[name]
-        unclean = _unclean_enabled(topic.configs.get(UNCLEAN_ELECTION_CONFIG), default_unclean)
-        for partition in topic.partitions:
-            change = plan_partition(name, partition, usable, preferred=preferred, unclean=unclean)
-            if change is not None:
-                changes.append(change)
-    return changes
-
-
-def _unclean_enabled(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.strip().lower() == "true"
-
-
-def plan_partition(
-    topic: str,
-    partition: PartitionImage,
-    usable: frozenset[int],
-    *,
-    preferred: bool = False,
-    unclean: bool = False,
-) -> PartitionChange | None:
-    """The change ``partition`` needs given the usable brokers, or None if it is fine."""
-    leader, isr = elect(partition, usable, preferred=preferred, unclean=unclean)
-    if leader == partition.leader and isr == partition.isr:
-        return None
-    leader_epoch = partition.leader_epoch + (1 if leader != partition.leader else 0)
-    return PartitionChange(
-        topic, partition.partition, leader, isr, leader_epoch, partition.partition_epoch + 1
-    )
-
-
-def elect(
-    partition: PartitionImage,
-    usable: frozenset[int],
-    *,
-    preferred: bool = False,
-    unclean: bool = False,
-) -> tuple[int, tuple[int, ...]]:
-    """The leader and ISR ``partition`` should have. See the module docstring for the rules."""
-    isr = tuple(r for r in partition.isr if r in usable) or partition.isr
-    leader = partition.leader
-    if leader == NO_LEADER or leader not in usable or leader not in isr:
-        leader = _first(partition.replicas, lambda r: r in isr and r in usable)
-        if leader == NO_LEADER and unclean:
-            leader = _first(partition.replicas, lambda r: r in usable)
-            if leader != NO_LEADER:
-                isr = (leader,)  # Unclean: the new leader's log is the truth now.
-    elif preferred:
-        first = partition.replicas[0]
-        if first != leader and first in isr and first in usable:
-            leader = first
-    return leader, isr
-
-
-def _first(replicas: Sequence[int], wanted: Callable[[int], bool]) -> int:
-    for replica in replicas:
-        if wanted(replica):
-            return replica
-    return NO_LEADER
-
-
-# --- Config changes: AlterConfigs (33), IncrementalAlterConfigs (44) ------------------------
-
-# Kafka's ConfigResource.Type and AlterConfigOp.OpType codes.
-CONFIG_RESOURCE_TOPIC: Final = 2
-CONFIG_RESOURCE_BROKER: Final = 4
-CONFIG_OP_SET: Final = 0
-CONFIG_OP_DELETE: Final = 1
-CONFIG_OP_APPEND: Final = 2
-CONFIG_OP_SUBTRACT: Final = 3
-# Topic configs whose ConfigDef type is LIST: the only ones APPEND/SUBTRACT may touch (Kafka's
-# ConfigurationControlManager refuses the others with INVALID_CONFIG).
-LIST_TOPIC_CONFIGS: Final = frozenset({
-    "cleanup.policy",
-    "follower.replication.throttled.replicas",
-    "leader.replication.throttled.replicas",
-})
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigOp:
-    """One key of an alter request; AlterConfigs (33) sends every key as a SET."""
-
-    name: str
-    operation: int
-    value: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigAlteration:
-    """One resource of an AlterConfigs / IncrementalAlterConfigs request.
-
-    ``incremental`` False is AlterConfigs (33): the keys given become the resource's whole set
-    of dynamic configs, every other override is deleted (Kafka's legacy semantics).
-    """
-
-    resource_type: int
-    resource_name: str
-    ops: tuple[ConfigOp, ...]
-    incremental: bool
-
-
-def plan_config_change(
-    image: MetadataImage, request: ConfigAlteration, defaults: Mapping[str, str]
-) -> Decision:
-    """Validate ``request`` against ``image`` and return the AlterConfigs record it needs.
-
-    ``defaults`` are the effective topic-level defaults (what APPEND/SUBTRACT start from when a
-    topic has no override, as Kafka does). The proposal carries the resource's version for
-    compare-and-set, so a concurrent change makes the state machine refuse it (STALE) and the
-    caller re-plans from the newer image. No proposal: nothing would change.
-    """
-    if request.resource_type == CONFIG_RESOURCE_TOPIC:
-        topic = image.topics.get(request.resource_name)
-        if topic is None:
-            return _rejected(errors.UNKNOWN_TOPIC_OR_PARTITION,
-                             f"Topic '{request.resource_name}' does not exist.")
-        current, version = dict(topic.configs), topic.version
-    elif request.resource_type == CONFIG_RESOURCE_BROKER:
-        name = request.resource_name
-        if name and not (name.isascii() and name.isdigit()):
-            return _rejected(errors.INVALID_REQUEST,
-                             f"Broker resource name {name!r} is neither '' nor a node id.")
-        resource = image.broker_configs.get(name)
-        current = {} if resource is None else dict(resource.configs)
-        version = -1 if resource is None else resource.version
-    else:
-        return _rejected(errors.INVALID_REQUEST,
-                         f"Unsupported config resource type {request.resource_type}.")
-    try:
-        wanted = _apply_config_ops(request, current, defaults)
-    except _ConfigRefused as refused:
-        return _rejected(refused.error_code, str(refused))
-    if request.resource_type == CONFIG_RESOURCE_TOPIC:
-        # The effective policy: an override, else the topic default it would fall back to.
-        policy = wanted.get("cleanup.policy", defaults.get("cleanup.policy"))
-        problem = cleanup_policy_refusal(request.resource_name, policy)
-        if problem is not None:
-            return _rejected(errors.INVALID_CONFIG, problem)
-    delete = tuple(sorted(set(current) - set(wanted)))
-    changed = tuple(sorted((k, v) for k, v in wanted.items() if current.get(k) != v))
-    if not delete and not changed:
-        return Decision()
-    record = AlterConfigs(request.resource_type, request.resource_name, changed, delete)
-    return Decision(proposals=(Proposal(record, version, "AlterConfigs"),))
-
-
-class _ConfigRefused(Exception):
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-
-
-def _apply_config_ops(
-    request: ConfigAlteration, current: Mapping[str, str], defaults: Mapping[str, str]
-) -> dict[str, str]:
-    """The resource's dynamic configs after ``request``, every value validated.
-
-    Raises:
-        _ConfigRefused: INVALID_REQUEST (duplicate key, null value, bad operation) or
-            INVALID_CONFIG (unknown name, bad value, APPEND/SUBTRACT on a non-list config).
-    """
-    is_topic = request.resource_type == CONFIG_RESOURCE_TOPIC
-    known = TOPIC_CONFIG_KEYS if is_topic else BROKER_DYNAMIC_CONFIG_KEYS
-    names = [op.name for op in request.ops]
-    if len(set(names)) != len(names):
-        raise _ConfigRefused(errors.INVALID_REQUEST, "Error due to duplicate config keys.")
-    result = dict(current) if request.incremental else {}
-    for op in request.ops:
-        if op.name not in known:
-            kind = "topic config" if is_topic else "dynamic broker config"
-            raise _ConfigRefused(errors.INVALID_CONFIG, f"Unknown {kind} name: {op.name}")
-        if op.operation == CONFIG_OP_DELETE:
-            result.pop(op.name, None)
-            continue
-        if op.operation not in (CONFIG_OP_SET, CONFIG_OP_APPEND, CONFIG_OP_SUBTRACT):
-            raise _ConfigRefused(errors.INVALID_REQUEST,
-                                 f"Unknown config operation {op.operation} for {op.name}.")
-        if op.value is None:
-            raise _ConfigRefused(errors.INVALID_REQUEST, f"Null value not supported for: {op.name}")
-        if op.operation == CONFIG_OP_SET:
-            result[op.name] = op.value
-        else:
-            result[op.name] = _list_op(op, result.get(op.name, defaults.get(op.name)), is_topic)
-    for key, value in sorted(result.items()):
-        if key in current and current[key] == value:
-            continue  # unchanged, even if the validation rules have tightened since
-        problem = (validate_topic_config(key, value) if is_topic
-                   else validate_broker_dynamic_config(key, value))
-        if problem is not None:
-            raise _ConfigRefused(errors.INVALID_CONFIG, problem)
-    return result
-
-
-def _list_op(op: ConfigOp, base: str | None, is_topic: bool) -> str:
-    """APPEND adds the items of ``op.value`` not yet in ``base``; SUBTRACT removes them."""
-    if not is_topic or op.name not in LIST_TOPIC_CONFIGS:
-        verb = "append to" if op.operation == CONFIG_OP_APPEND else "subtract from"
-        raise _ConfigRefused(errors.INVALID_CONFIG,
-                             f"Can't {verb} key {op.name} because its type is not LIST.")
-    assert op.value is not None
-    items = list(parse_list(base or ""))
-    change = parse_list(op.value)
-    if op.operation == CONFIG_OP_APPEND:
-        items += [item for item in change if item not in items]
-    else:
-        items = [item for item in items if item not in change]
-    return ",".join(items)

@@ -14,100 +14,68 @@ Stable, and back to PreparingRebalance when members join, leave or time out. A r
 completes when every known member has rejoined (and no MEMBER_ID_REQUIRED member is still
 pending) or when the longest rebalance timeout passes; members that did not rejoin are
 removed. The broker never looks inside subscription or assignment bytes.
+
+This module is the membership and rebalance state machine; the data it works on (and a group's
+record conversions) are in :mod:`raftlog.group.model`, the offset-commit rules in
+:mod:`raftlog.group.offsets`, which its offset methods apply to the same groups.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
+import raftlog.group.offsets as group_offsets
+from raftlog.group.model import (
+    COMPLETING_REBALANCE,
+    DEAD,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    Body,
+    Group,
+    Member,
+    PendingPersist,
+    TopicPartition,
+    describe_group,
+    group_value,
+    is_fenced,
+    random_member_id,
+    restore_group,
+    select_protocol,
+)
+from raftlog.group.offsets import check_offset_entries, offset_entry_error
 from raftlog.group.records import (
     GroupKey,
     GroupValue,
-    MemberValue,
     OffsetKey,
     OffsetValue,
     encode_group_value,
     encode_key,
-    encode_offset_value,
 )
 from raftlog.protocol.errors import ErrorCode
 
-EMPTY = "Empty"
-PREPARING_REBALANCE = "PreparingRebalance"
-COMPLETING_REBALANCE = "CompletingRebalance"
-STABLE = "Stable"
-DEAD = "Dead"
+# The group core's interface: the coordinator and the model and offset checks its users need.
+__all__ = [
+    "COMPLETING_REBALANCE",
+    "DEAD",
+    "EMPTY",
+    "GROUP_MAX_SESSION_TIMEOUT_MS",
+    "GROUP_MIN_SESSION_TIMEOUT_MS",
+    "PREPARING_REBALANCE",
+    "STABLE",
+    "Group",
+    "GroupCoordinator",
+    "Member",
+    "PendingPersist",
+    "check_offset_entries",
+    "offset_entry_error",
+]
 
 GROUP_MIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's group.min.session.timeout.ms default
 GROUP_MAX_SESSION_TIMEOUT_MS = 1_800_000  # group.max.session.timeout.ms
-OFFSET_METADATA_MAX_BYTES = 4096  # offset.metadata.max.bytes
 
 log = logging.getLogger(__name__)
-
-Body = dict[str, Any]
-TopicPartition = tuple[str, int]
-
-
-@dataclass
-class Member:
-    member_id: str
-    instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocols: tuple[tuple[str, bytes], ...]
-    heartbeat_deadline_ms: int
-    assignment: bytes = b""
-    join_token: int | None = None  # awaiting the end of the rebalance
-    sync_token: int | None = None  # awaiting the leader's assignment
-
-    def metadata_for(self, protocol: str | None) -> bytes:
-        for name, metadata in self.protocols:
-            if name == protocol:
-                return metadata
-        return b""
-
-
-@dataclass
-class Group:
-    group_id: str
-    state: str = EMPTY
-    generation: int = 0
-    protocol_type: str | None = None
-    protocol: str | None = None
-    leader: str | None = None
-    members: dict[str, Member] = field(default_factory=dict)
-    pending: dict[str, int] = field(default_factory=dict)  # MEMBER_ID_REQUIRED ids → deadline
-    static: dict[str, str] = field(default_factory=dict)  # group.instance.id → member id
-    offsets: dict[TopicPartition, OffsetValue] = field(default_factory=dict)
-    rebalance_deadline_ms: int | None = None
-    state_timestamp_ms: int = -1
-    # group.initial.rebalance.delay.ms: the first rebalance of an empty group waits this long
-    # (extended by each new member, never past the rebalance timeout) so that consumers
-    # starting together land in one generation instead of a rebalance each.
-    initial_delay_until_ms: int | None = None
-    initial_delay_limit_ms: int = 0
-
-
-@dataclass
-class PendingPersist:
-    """What one group-metadata record in :attr:`GroupCoordinator.writes` vouches for: the
-    answers (tokens in the outbox) that may only succeed once it is in the log, and for a
-    static member's replacement, the member it replaced. The shell reports a write that did
-    not make it with :meth:`GroupCoordinator.persist_failed` (Kafka's ``storeGroup`` error
-    callbacks): a client must never hold a member id or an assignment that a reloading
-    coordinator would not find."""
-
-    group_id: str
-    generation: int
-    tokens: tuple[int, ...] = ()
-    replaced: Member | None = None  # a static member's old incarnation
-    replacement: Member | None = None  # ...and the member that took its place
 
 
 class GroupCoordinator:
@@ -128,7 +96,7 @@ class GroupCoordinator:
         self.persists: list[PendingPersist] = []
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
-        self._new_member_id = new_member_id or _random_member_id
+        self._new_member_id = new_member_id or random_member_id
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
 
     # -- JoinGroup ---------------------------------------------------------------------------
@@ -215,7 +183,7 @@ class GroupCoordinator:
         group.static[instance_id] = member.member_id
         if group.leader == old_id:
             group.leader = member.member_id
-        if group.state == STABLE and _select_protocol(group.members.values()) == group.protocol:
+        if group.state == STABLE and select_protocol(group.members.values()) == group.protocol:
             # The new id goes to the client only once the group metadata naming it is in the
             # log: a coordinator that reloads the group must know it, or it would fence the
             # member (FENCED_INSTANCE_ID) after a restart or failover.
@@ -313,7 +281,7 @@ class GroupCoordinator:
             self._persist_group(group)
             return
         first = next(iter(group.members.values()))
-        group.protocol = _select_protocol(group.members.values())
+        group.protocol = select_protocol(group.members.values())
         if group.leader not in group.members:
             group.leader = first.member_id
         group.state = COMPLETING_REBALANCE
@@ -440,7 +408,7 @@ class GroupCoordinator:
         self._maybe_complete_join(group, now_ms)
 
     def _fenced(self, group: Group, member_id: str, instance_id: str | None) -> bool:
-        return instance_id is not None and group.static.get(instance_id, member_id) != member_id
+        return is_fenced(group, member_id, instance_id)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -478,106 +446,43 @@ class GroupCoordinator:
                 deadlines.append(group.initial_delay_until_ms)
         return min(deadlines, default=None)
 
-    # -- offsets ------------------------------------------------------------------------------
+    # -- offsets (the rules are in :mod:`raftlog.group.offsets`) ---------------------------
 
     def validate_commit(self, group_id: str, generation: int, member_id: str,
                         instance_id: str | None, now_ms: int | None = None) -> int:
-        """Kafka's checks before an OffsetCommit writes anything (classic protocol, < v9).
-        A valid commit from a member counts as its heartbeat (given ``now_ms``), as in Kafka:
-        a consumer busy committing is alive."""
-        if not group_id:
-            return ErrorCode.INVALID_GROUP_ID
-        group = self.groups.get(group_id)
-        if group is None:
-            # Only a group that does not use Kafka's membership (generation -1) may start by
-            # committing; anything else is a commit from a generation that no longer exists.
-            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
-        if group.state == DEAD:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if self._fenced(group, member_id, instance_id):
-            return ErrorCode.FENCED_INSTANCE_ID
-        if generation < 0 and group.state == EMPTY:
-            return ErrorCode.NONE
-        if group.state == COMPLETING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS
-        if member_id not in group.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if generation != group.generation:
-            return ErrorCode.ILLEGAL_GENERATION
-        if now_ms is not None:
-            member = group.members[member_id]
-            member.heartbeat_deadline_ms = max(member.heartbeat_deadline_ms,
-                                               now_ms + member.session_timeout_ms)
-        return ErrorCode.NONE
+        """Kafka's checks before an OffsetCommit writes anything (classic protocol, < v9);
+        a valid commit from a member counts as its heartbeat (given ``now_ms``)."""
+        return group_offsets.validate_commit(self.groups, group_id, generation, member_id,
+                                       instance_id, now_ms)
 
     def commit_records(self, group_id: str, offsets: Mapping[TopicPartition, OffsetValue]
                        ) -> list[tuple[bytes, bytes | None]]:
         """The records that store ``offsets`` (written by the shell, then :meth:`apply_commit`)."""
-        return [(encode_key(OffsetKey(group_id, topic, partition)), encode_offset_value(value))
-                for (topic, partition), value in offsets.items()]
+        return group_offsets.commit_records(group_id, offsets)
 
     def apply_commit(self, group_id: str, offsets: Mapping[TopicPartition, OffsetValue],
                      now_ms: int) -> None:
-        group = self.groups.get(group_id)
-        if group is None:
-            group = self.groups[group_id] = Group(group_id, state_timestamp_ms=now_ms)
-        group.offsets.update(offsets)
+        group_offsets.apply_commit(self.groups, group_id, offsets, now_ms)
 
     def committed(self, group_id: str, partitions: Iterable[TopicPartition] | None
                   ) -> dict[TopicPartition, OffsetValue | None]:
-        group = self.groups.get(group_id)
-        offsets = {} if group is None else group.offsets
-        if partitions is None:
-            return dict(offsets)
-        return {tp: offsets.get(tp) for tp in partitions}
+        return group_offsets.committed(self.groups, group_id, partitions)
 
     def expire_offsets(self, now_ms: int, retention_ms: int,
                        busy: Callable[[str], set[TopicPartition]] = lambda _: set()) -> int:
-        """Kafka's offsets.retention.ms (KIP-211): the offsets of a group that had members and
-        is now Empty expire ``retention_ms`` after it became Empty; those of a group that only
-        ever committed (no membership, generation 0) expire ``retention_ms`` after their own
-        commit. Groups with members keep every offset. ``busy(group)`` names partitions with a
-        transactional commit in flight, which stay. An Empty group left without offsets is
-        dropped (Dead). Tombstones for both go to :attr:`writes`; returns how many offsets
-        expired."""
-        expired_total = 0
-        for group in list(self.groups.values()):
-            if group.state != EMPTY or group.members or group.pending:
-                continue
-            kept_back = busy(group.group_id)
-            empty_since = group.state_timestamp_ms if group.generation > 0 else -1
-            expired = [tp for tp, value in group.offsets.items() if tp not in kept_back
-                       and now_ms - (value.commit_timestamp_ms if empty_since < 0
-                                     else empty_since) >= retention_ms]
-            for topic, partition in expired:
-                del group.offsets[(topic, partition)]
-                self.writes.append((group.group_id,
-                                    encode_key(OffsetKey(group.group_id, topic, partition)),
-                                    None))
-            expired_total += len(expired)
-            if not group.offsets and not kept_back:
-                log.info("group %s is dead: empty and without offsets", group.group_id)
-                del self.groups[group.group_id]
-                self.writes.append((group.group_id, encode_key(GroupKey(group.group_id)), None))
-        return expired_total
+        """Kafka's offsets.retention.ms (KIP-211); tombstones go to :attr:`writes`. Returns
+        how many offsets expired (see :func:`raftlog.group.offsets.expire_offsets`)."""
+        return group_offsets.expire_offsets(self.groups, self.writes, now_ms, retention_ms, busy)
+
+    def load_offset(self, group_id: str, tp: TopicPartition, value: OffsetValue | None) -> None:
+        """Replay of one offset record (None: a tombstone)."""
+        group_offsets.load_offset(self.groups, group_id, tp, value)
 
     # -- admin --------------------------------------------------------------------------------
 
     def describe(self, group_id: str) -> Body:
-        group = self.groups.get(group_id)
-        if group is None:
-            return {"error_code": 0, "group_id": group_id, "group_state": DEAD,
-                    "protocol_type": "", "protocol_data": "", "members": []}
-        members = [
-            {"member_id": m.member_id, "group_instance_id": m.instance_id,
-             "client_id": m.client_id, "client_host": m.client_host,
-             "member_metadata": m.metadata_for(group.protocol),
-             "member_assignment": m.assignment if group.state == STABLE else b""}
-            for m in group.members.values()
-        ]
-        return {"error_code": 0, "group_id": group_id, "group_state": group.state,
-                "protocol_type": group.protocol_type or "",
-                "protocol_data": group.protocol or "", "members": members}
+        """The DescribeGroups entry of ``group_id`` (Dead when there is no such group)."""
+        return describe_group(group_id, self.groups.get(group_id))
 
     def listed(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every group."""
@@ -615,20 +520,8 @@ class GroupCoordinator:
                        ) -> None:
         self.persists.append(PendingPersist(group.group_id, group.generation, tokens,
                                             replaced, replacement))
-        value = GroupValue(
-            protocol_type=group.protocol_type or "",
-            generation=group.generation,
-            protocol=group.protocol,
-            leader=group.leader,
-            current_state_timestamp_ms=group.state_timestamp_ms,
-            members=tuple(
-                MemberValue(m.member_id, m.instance_id, m.client_id, m.client_host,
-                            m.rebalance_timeout_ms, m.session_timeout_ms,
-                            m.metadata_for(group.protocol), m.assignment)
-                for m in group.members.values()),
-        )
         self.writes.append((group.group_id, encode_key(GroupKey(group.group_id)),
-                            encode_group_value(value)))
+                            encode_group_value(group_value(group))))
 
     def persist_failed(self, persist: PendingPersist, error: int, now_ms: int) -> None:
         """The record of ``persist`` did not reach the log (``error``: the code for the
@@ -671,17 +564,6 @@ class GroupCoordinator:
         if group.leader == new.member_id:
             group.leader = old.member_id
 
-    def load_offset(self, group_id: str, tp: TopicPartition, value: OffsetValue | None) -> None:
-        """Replay of one offset record (None: a tombstone)."""
-        group = self.groups.get(group_id)
-        if value is None:
-            if group is not None:
-                group.offsets.pop(tp, None)
-            return
-        if group is None:
-            group = self.groups[group_id] = Group(group_id)
-        group.offsets[tp] = value
-
     def restart_sessions(self, group_ids: Iterable[str], now_ms: int) -> None:
         """Every member of these (just loaded) groups gets a full session from ``now_ms``."""
         for group_id in group_ids:
@@ -697,72 +579,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             group = self.groups[group_id] = Group(group_id)
-        group.generation = value.generation
-        group.protocol_type = value.protocol_type or None
-        group.protocol = value.protocol
-        group.leader = value.leader
-        group.state_timestamp_ms = value.current_state_timestamp_ms
-        group.members = {}
-        group.static = {}
-        for m in value.members:
-            protocols = ((value.protocol, m.subscription),) if value.protocol else ()
-            group.members[m.member_id] = Member(
-                m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                m.session_timeout_ms, m.rebalance_timeout_ms, protocols,
-                now_ms + m.session_timeout_ms, assignment=m.assignment)
-            if m.group_instance_id is not None:
-                group.static[m.group_instance_id] = m.member_id
-        group.state = STABLE if group.members else EMPTY
-
-
-def offset_entry_error(partition_count: int | None, partition: int, metadata: str,
-                       metadata_max_bytes: int) -> int:
-    """The error for one partition of an OffsetCommit or TxnOffsetCommit (NONE if it may be
-    stored): ``partition_count`` is the topic's, None when the topic does not exist."""
-    if partition_count is None or not 0 <= partition < partition_count:
-        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    if len(metadata.encode()) > metadata_max_bytes:
-        return ErrorCode.OFFSET_METADATA_TOO_LARGE
-    return ErrorCode.NONE
-
-
-def check_offset_entries(
-    topics: Iterable[Any], known_topics: Mapping[str, Any], error: int,
-    metadata_max_bytes: int, with_leader_epoch: bool, now_ms: int,
-) -> tuple[list[tuple[TopicPartition, int]], dict[TopicPartition, OffsetValue]]:
-    """The per-partition part of OffsetCommit and TxnOffsetCommit: every requested partition
-    with its error code, in request order, and the offsets that may be stored. ``error`` (a
-    group- or producer-level failure) applies to every partition; ``topics`` are the
-    request's topics (``name``, ``partitions`` with ``partition_index``,
-    ``committed_offset``, ``committed_leader_epoch``, ``committed_metadata``);
-    ``known_topics`` is the metadata image's topics (each with ``partitions``)."""
-    codes: list[tuple[TopicPartition, int]] = []
-    valid: dict[TopicPartition, OffsetValue] = {}
-    for topic in topics:
-        known = known_topics.get(topic.name)
-        count = None if known is None else len(known.partitions)
-        for p in topic.partitions:
-            tp = (topic.name, p.partition_index)
-            metadata = p.committed_metadata or ""
-            code = error or offset_entry_error(count, p.partition_index, metadata,
-                                               metadata_max_bytes)
-            codes.append((tp, code))
-            if not code:
-                epoch = p.committed_leader_epoch if with_leader_epoch else -1
-                valid[tp] = OffsetValue(p.committed_offset, epoch, metadata, now_ms)
-    return codes, valid
-
-
-def _select_protocol(members: Iterable[Member]) -> str:
-    """Kafka's vote: among protocols every member supports, each member votes for its first."""
-    members = list(members)
-    common = set.intersection(*({n for n, _ in m.protocols} for m in members))
-    votes: dict[str, int] = {}
-    for member in members:
-        choice = next(n for n, _ in member.protocols if n in common)
-        votes[choice] = votes.get(choice, 0) + 1
-    order = [n for n, _ in members[0].protocols if n in common]
-    return max(order, key=lambda n: (votes.get(n, 0), -order.index(n)))
+        restore_group(group, value, now_ms)
 
 
 def _join_error(code: int, member_id: str) -> Body:
@@ -772,12 +589,3 @@ def _join_error(code: int, member_id: str) -> Body:
 
 def _sync_body(code: int, assignment: bytes = b"") -> Body:
     return {"error_code": code, "assignment": assignment}
-
-
-# The client id (or group.instance.id) that starts a member id is the client's, up to 32767
-# bytes; a member id longer than that could not be sent back (JoinGroup v0-5 strings).
-MEMBER_ID_PREFIX_CHARS_MAX = 1024
-
-
-def _random_member_id(prefix: str) -> str:
-    return f"{prefix[:MEMBER_ID_PREFIX_CHARS_MAX]}-{uuid.uuid4()}"

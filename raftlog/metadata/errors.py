@@ -1,30 +1,34 @@
 """Error codes returned by the metadata state machine.
 
-Codes below 1000 are Kafka's own (``clients/.../protocol/Errors.java``) so the server can put them
-on the wire unchanged. Codes from 1000 up are internal to raftlog: they never go on the wire as-is,
-and :func:`wire_error_code` says what a client should see instead.
+Codes below 1000 are Kafka's own, taken from :class:`raftlog.protocol.errors.ErrorCode` (the
+one table of Kafka codes) so the server can put them on the wire unchanged. Codes from 1000 up
+are internal to raftlog: they never go on the wire as-is, and :func:`wire_error_code` says what
+a client should see instead.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-NONE: Final = 0
-UNKNOWN_TOPIC_OR_PARTITION: Final = 3
-INVALID_TOPIC_EXCEPTION: Final = 17
-TOPIC_ALREADY_EXISTS: Final = 36
-INVALID_PARTITIONS: Final = 37
-INVALID_REPLICATION_FACTOR: Final = 38
-INVALID_REPLICA_ASSIGNMENT: Final = 39
-INVALID_CONFIG: Final = 40
-NOT_CONTROLLER: Final = 41
-INVALID_REQUEST: Final = 42
-REQUEST_TIMED_OUT: Final = 7
-FENCED_LEADER_EPOCH: Final = 74
-INVALID_UPDATE_VERSION: Final = 95
-UNKNOWN_TOPIC_ID: Final = 100
-BROKER_ID_NOT_REGISTERED: Final = 102
-INELIGIBLE_REPLICA: Final = 107
+from raftlog.protocol.errors import ErrorCode
+
+# The Kafka codes the state machine returns, as plain ints, from the one table of Kafka codes.
+NONE: Final = int(ErrorCode.NONE)
+UNKNOWN_TOPIC_OR_PARTITION: Final = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+INVALID_TOPIC_EXCEPTION: Final = int(ErrorCode.INVALID_TOPIC_EXCEPTION)
+TOPIC_ALREADY_EXISTS: Final = int(ErrorCode.TOPIC_ALREADY_EXISTS)
+INVALID_PARTITIONS: Final = int(ErrorCode.INVALID_PARTITIONS)
+INVALID_REPLICATION_FACTOR: Final = int(ErrorCode.INVALID_REPLICATION_FACTOR)
+INVALID_REPLICA_ASSIGNMENT: Final = int(ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+INVALID_CONFIG: Final = int(ErrorCode.INVALID_CONFIG)
+NOT_CONTROLLER: Final = int(ErrorCode.NOT_CONTROLLER)
+INVALID_REQUEST: Final = int(ErrorCode.INVALID_REQUEST)
+REQUEST_TIMED_OUT: Final = int(ErrorCode.REQUEST_TIMED_OUT)
+FENCED_LEADER_EPOCH: Final = int(ErrorCode.FENCED_LEADER_EPOCH)
+INVALID_UPDATE_VERSION: Final = int(ErrorCode.INVALID_UPDATE_VERSION)
+UNKNOWN_TOPIC_ID: Final = int(ErrorCode.UNKNOWN_TOPIC_ID)
+BROKER_ID_NOT_REGISTERED: Final = int(ErrorCode.BROKER_ID_NOT_REGISTERED)
+INELIGIBLE_REPLICA: Final = int(ErrorCode.INELIGIBLE_REPLICA)
 
 # Internal: the command carried ``expected_version`` and the resource it targets changed after that
 # version (compare-and-set failed in log order). The proposer should re-read the image and retry;
@@ -37,23 +41,16 @@ INTERNAL_ERROR_CODE_MIN: Final = 1000
 # "try again", while NOT_CONTROLLER would make clients refresh metadata for no reason.
 _WIRE_CODE_BY_INTERNAL_CODE: Final = {STALE_METADATA_VERSION: REQUEST_TIMED_OUT}
 
+# error_name names these (the Kafka codes above) and the internal ones.
+_KAFKA_CODES_NAMED: Final = (
+    NONE, UNKNOWN_TOPIC_OR_PARTITION, REQUEST_TIMED_OUT, INVALID_TOPIC_EXCEPTION,
+    TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR,
+    INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, NOT_CONTROLLER, INVALID_REQUEST,
+    FENCED_LEADER_EPOCH, INVALID_UPDATE_VERSION, UNKNOWN_TOPIC_ID, BROKER_ID_NOT_REGISTERED,
+    INELIGIBLE_REPLICA,
+)
 ERROR_NAMES: Final = {
-    NONE: "NONE",
-    UNKNOWN_TOPIC_OR_PARTITION: "UNKNOWN_TOPIC_OR_PARTITION",
-    REQUEST_TIMED_OUT: "REQUEST_TIMED_OUT",
-    INVALID_TOPIC_EXCEPTION: "INVALID_TOPIC_EXCEPTION",
-    TOPIC_ALREADY_EXISTS: "TOPIC_ALREADY_EXISTS",
-    INVALID_PARTITIONS: "INVALID_PARTITIONS",
-    INVALID_REPLICATION_FACTOR: "INVALID_REPLICATION_FACTOR",
-    INVALID_REPLICA_ASSIGNMENT: "INVALID_REPLICA_ASSIGNMENT",
-    INVALID_CONFIG: "INVALID_CONFIG",
-    NOT_CONTROLLER: "NOT_CONTROLLER",
-    INVALID_REQUEST: "INVALID_REQUEST",
-    FENCED_LEADER_EPOCH: "FENCED_LEADER_EPOCH",
-    INVALID_UPDATE_VERSION: "INVALID_UPDATE_VERSION",
-    UNKNOWN_TOPIC_ID: "UNKNOWN_TOPIC_ID",
-    BROKER_ID_NOT_REGISTERED: "BROKER_ID_NOT_REGISTERED",
-    INELIGIBLE_REPLICA: "INELIGIBLE_REPLICA",
+    **{code: ErrorCode(code).name for code in _KAFKA_CODES_NAMED},
     STALE_METADATA_VERSION: "STALE_METADATA_VERSION",
 }
 

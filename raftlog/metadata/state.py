@@ -12,34 +12,38 @@ House rules (the next milestone runs this on every voter of a Raft quorum, and t
 
 The validation rules are part of the replicated semantics: changing them changes what an old log
 replays to, so such a change must come with a metadata version bump, never silently.
+
+This module dispatches each record, fences commands by controller term and checks their
+expected version, and holds the state machine (request-id window, snapshots). Applying the
+records themselves is in ``topic_apply`` (topics and partitions) and ``cluster_apply``
+(brokers, the controller, producer-id blocks, configs).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, NoReturn, TypeVar, assert_never
+from typing import Final, assert_never
 
-from raftlog.config import (
-    BROKER_DYNAMIC_CONFIG_KEYS,
-    TOPIC_CONFIG_KEYS,
-    validate_broker_dynamic_config,
-    validate_topic_config,
-)
 from raftlog.metadata import _codec, errors
 from raftlog.metadata._codec import CodecError
+from raftlog.metadata.apply_support import (
+    RESOURCE_TYPE_BROKER,
+    RESOURCE_TYPE_TOPIC,
+    Rejected,
+    reject,
+)
+from raftlog.metadata.cluster_apply import (
+    alter_configs,
+    become_controller,
+    producer_id_block,
+    register_broker,
+    set_fenced,
+)
 from raftlog.metadata.image import (
-    NO_LEADER,
-    BrokerImage,
-    ConfigResourceImage,
     MetadataImage,
-    PartitionImage,
-    TopicImage,
     check_image,
-    frozen_mapping,
     image_from_bytes,
     image_to_bytes,
 )
@@ -57,8 +61,22 @@ from raftlog.metadata.records import (
     RegisterBroker,
     UnfenceBroker,
 )
+from raftlog.metadata.topic_apply import (
+    METADATA_TOPIC_NAME,
+    PARTITIONS_PER_TOPIC_MAX,
+    create_partitions,
+    create_topic,
+    delete_topic,
+    partition_change,
+    validate_topic_name,
+)
 
 __all__ = [
+    "METADATA_TOPIC_NAME",
+    "PARTITIONS_PER_TOPIC_MAX",
+    "REQUEST_WINDOW_MAX",
+    "RESOURCE_TYPE_BROKER",
+    "RESOURCE_TYPE_TOPIC",
     "ApplyResult",
     "MetadataImage",
     "MetadataStateMachine",
@@ -69,23 +87,6 @@ __all__ = [
 ]
 
 REQUEST_WINDOW_MAX: Final = 10_000
-# Why a cap: every apply copies the topic's partition tuple, and a laptop broker has no use for
-# more; Kafka has no hard limit but warns well below this.
-PARTITIONS_PER_TOPIC_MAX: Final = 10_000
-TOPIC_NAME_LENGTH_MAX: Final = 249
-TOPIC_ID_BYTES: Final = 16
-PRODUCER_ID_BLOCK_SIZE_MAX: Final = 1 << 20
-INT32_MAX: Final = 2**31 - 1
-INT64_MAX: Final = 2**63 - 1
-HOST_LENGTH_MAX: Final = 255
-PORT_MAX: Final = 65535
-METADATA_TOPIC_NAME: Final = "__cluster_metadata"
-
-# Kafka ConfigResource.Type codes.
-RESOURCE_TYPE_TOPIC: Final = 2
-RESOURCE_TYPE_BROKER: Final = 4
-
-_TOPIC_NAME_PATTERN: Final = re.compile(r"[a-zA-Z0-9._-]+")
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
 _SNAPSHOT_FORMAT_VERSION: Final = 1
 
@@ -113,31 +114,6 @@ class ApplyResult:
         return self.error_code == errors.NONE
 
 
-class _Rejected(Exception):
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(message)
-        assert error_code != errors.NONE
-        self.error_code = error_code
-        self.message = message
-
-
-def _reject(error_code: int, message: str) -> NoReturn:
-    raise _Rejected(error_code, message)
-
-
-def validate_topic_name(name: str) -> str | None:
-    """Return why ``name`` is not a legal Kafka topic name, or None if it is."""
-    if not name:
-        return "topic name is empty"
-    if name in (".", ".."):
-        return f"topic name cannot be {name!r}"
-    if len(name) > TOPIC_NAME_LENGTH_MAX:
-        return f"topic name is longer than {TOPIC_NAME_LENGTH_MAX} characters"
-    if _TOPIC_NAME_PATTERN.fullmatch(name) is None:
-        return f"topic name {name!r} has characters outside [a-zA-Z0-9._-]"
-    return None
-
-
 # --- Applying one command -------------------------------------------------------------------
 
 
@@ -155,7 +131,7 @@ def apply_command(
         _check_controller_term(image, command)
         _check_expected_version(image, command)
         next_image, value = _apply_record(image, command.record, offset)
-    except _Rejected as rejection:
+    except Rejected as rejection:
         result = ApplyResult(rejection.error_code, rejection.message)
         return dataclasses.replace(image, version=offset), result
     return dataclasses.replace(next_image, version=offset), ApplyResult(errors.NONE, None, value)
@@ -166,25 +142,25 @@ def _apply_record(
 ) -> tuple[MetadataImage, int | bytes | str | None]:
     match record:
         case RegisterBroker():
-            return _register_broker(image, record, offset)
+            return register_broker(image, record, offset)
         case FenceBroker():
-            return _set_fenced(image, record.node_id, True, offset)
+            return set_fenced(image, record.node_id, True, offset)
         case UnfenceBroker():
-            return _set_fenced(image, record.node_id, False, offset)
+            return set_fenced(image, record.node_id, False, offset)
         case CreateTopic():
-            return _create_topic(image, record, offset)
+            return create_topic(image, record, offset)
         case DeleteTopic():
-            return _delete_topic(image, record)
+            return delete_topic(image, record)
         case CreatePartitions():
-            return _create_partitions(image, record, offset)
+            return create_partitions(image, record, offset)
         case AlterConfigs():
-            return _alter_configs(image, record, offset)
+            return alter_configs(image, record, offset)
         case PartitionChange():
-            return _partition_change(image, record, offset)
+            return partition_change(image, record, offset)
         case ProducerIdBlock():
-            return _producer_id_block(image, record)
+            return producer_id_block(image, record)
         case BecomeController():
-            return _become_controller(image, record)
+            return become_controller(image, record)
         case _:
             assert_never(record)
 
@@ -196,7 +172,7 @@ def _check_controller_term(image: MetadataImage, command: Command) -> None:
         return
     # Before the first BecomeController there is no term to fence against.
     if image.controller_term > 0 and command.controller_term != image.controller_term:
-        _reject(
+        reject(
             errors.NOT_CONTROLLER,
             f"command from controller term {command.controller_term}, "
             f"current term is {image.controller_term}",
@@ -207,11 +183,11 @@ def _check_become_controller(
     image: MetadataImage, command: Command, record: BecomeController
 ) -> None:
     if record.term < 1 or command.controller_term != record.term:
-        _reject(errors.INVALID_REQUEST, "BecomeController needs term >= 1 in record and envelope")
+        reject(errors.INVALID_REQUEST, "BecomeController needs term >= 1 in record and envelope")
     if record.term < image.controller_term:
-        _reject(errors.NOT_CONTROLLER, f"term {record.term} < current {image.controller_term}")
+        reject(errors.NOT_CONTROLLER, f"term {record.term} < current {image.controller_term}")
     if record.term == image.controller_term and record.node_id != image.controller_node_id:
-        _reject(
+        reject(
             errors.NOT_CONTROLLER,
             f"term {record.term} already belongs to node {image.controller_node_id}",
         )
@@ -223,7 +199,7 @@ def _check_expected_version(image: MetadataImage, command: Command) -> None:
         return
     current = _resource_version(image, command.record)
     if current > expected:
-        _reject(
+        reject(
             errors.STALE_METADATA_VERSION,
             f"resource changed at version {current}, after the expected version {expected}",
         )
@@ -257,353 +233,6 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
 def _topic_version(image: MetadataImage, name: str) -> int:
     topic = image.topics.get(name)
     return -1 if topic is None else topic.version
-
-
-# --- Brokers and the controller -------------------------------------------------------------
-
-
-def _register_broker(
-    image: MetadataImage, record: RegisterBroker, offset: int
-) -> tuple[MetadataImage, int]:
-    _check_node_id(record.node_id)
-    if not 0 < len(record.host) <= HOST_LENGTH_MAX or not 1 <= record.port <= PORT_MAX:
-        _reject(errors.INVALID_REQUEST, f"invalid endpoint {record.host!r}:{record.port}")
-    if record.rack == "" or not record.incarnation_id:
-        _reject(errors.INVALID_REQUEST, "rack must be None or non-empty; incarnation_id non-empty")
-    existing = image.brokers.get(record.node_id)
-    if existing is not None and existing.incarnation_id == record.incarnation_id:
-        # A retried registration of the same incarnation is a no-op, like Kafka's.
-        if (existing.host, existing.port, existing.rack) != (record.host, record.port, record.rack):
-            _reject(errors.INVALID_REQUEST, "incarnation re-registered with a different endpoint")
-        return image, existing.epoch
-    # A new incarnation starts fenced: it must catch up before it leads anything.
-    broker = BrokerImage(
-        record.node_id, record.host, record.port, record.rack, record.incarnation_id,
-        fenced=True, epoch=offset, version=offset,
-    )  # fmt: skip
-    brokers = _with_item(image.brokers, record.node_id, broker)
-    return dataclasses.replace(image, brokers=brokers), offset
-
-
-def _set_fenced(
-    image: MetadataImage, node_id: int, fenced: bool, offset: int
-) -> tuple[MetadataImage, None]:
-    broker = image.brokers.get(node_id)
-    if broker is None:
-        _reject(errors.BROKER_ID_NOT_REGISTERED, f"broker {node_id} is not registered")
-    if broker.fenced == fenced:
-        return image, None
-    changed = dataclasses.replace(broker, fenced=fenced, version=offset)
-    return dataclasses.replace(image, brokers=_with_item(image.brokers, node_id, changed)), None
-
-
-def _become_controller(image: MetadataImage, record: BecomeController) -> tuple[MetadataImage, int]:
-    _check_node_id(record.node_id)
-    next_image = dataclasses.replace(
-        image, controller_term=record.term, controller_node_id=record.node_id
-    )
-    return next_image, record.term
-
-
-def _producer_id_block(image: MetadataImage, record: ProducerIdBlock) -> tuple[MetadataImage, int]:
-    if record.node_id not in image.brokers:
-        _reject(errors.BROKER_ID_NOT_REGISTERED, f"broker {record.node_id} is not registered")
-    if not 1 <= record.block_size <= PRODUCER_ID_BLOCK_SIZE_MAX:
-        _reject(errors.INVALID_REQUEST, f"block size {record.block_size} out of range")
-    if record.next_block_start != image.next_producer_id:
-        _reject(
-            errors.STALE_METADATA_VERSION,
-            f"block starts at {record.next_block_start}, next free id is {image.next_producer_id}",
-        )
-    next_producer_id = record.next_block_start + record.block_size
-    if next_producer_id > INT64_MAX:
-        _reject(errors.INVALID_REQUEST, "producer ids exhausted")
-    return dataclasses.replace(image, next_producer_id=next_producer_id), record.next_block_start
-
-
-def _check_node_id(node_id: int) -> None:
-    if not 0 <= node_id <= INT32_MAX:
-        _reject(errors.INVALID_REQUEST, f"node id {node_id} out of range")
-
-
-# --- Topics ---------------------------------------------------------------------------------
-
-
-def _create_topic(
-    image: MetadataImage, record: CreateTopic, offset: int
-) -> tuple[MetadataImage, bytes]:
-    _check_new_topic_name(image, record.name)
-    if len(record.topic_id) != TOPIC_ID_BYTES or not any(record.topic_id):
-        _reject(errors.INVALID_REQUEST, "topic id must be 16 bytes and not all zero")
-    if record.topic_id in image.topic_names_by_id:
-        _reject(errors.INVALID_REQUEST, f"topic id {record.topic_id.hex()} is already in use")
-    if not 1 <= len(record.partitions) <= PARTITIONS_PER_TOPIC_MAX:
-        _reject(
-            errors.INVALID_PARTITIONS,
-            f"partition count {len(record.partitions)} outside [1, {PARTITIONS_PER_TOPIC_MAX}]",
-        )
-    _check_assignment(image, record.partitions, replication_factor=None)
-    configs = _checked_configs(record.configs)
-    partitions = tuple(
-        _new_partition(image, index, replicas) for index, replicas in enumerate(record.partitions)
-    )
-    topic = TopicImage(record.name, record.topic_id, partitions, frozen_mapping(configs), offset)
-    next_image = dataclasses.replace(
-        image,
-        topics=_with_item(image.topics, record.name, topic),
-        topic_names_by_id=_with_item(image.topic_names_by_id, record.topic_id, record.name),
-    )
-    return next_image, record.topic_id
-
-
-def _check_new_topic_name(image: MetadataImage, name: str) -> None:
-    problem = validate_topic_name(name)
-    if problem is not None:
-        _reject(errors.INVALID_TOPIC_EXCEPTION, problem)
-    if name == METADATA_TOPIC_NAME:
-        _reject(errors.INVALID_REQUEST, f"creation of internal topic {name} is prohibited")
-    if name in image.topics:
-        _reject(errors.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
-    # Kafka rejects names that differ only in '.' vs '_': they collide in metric names.
-    collision_key = name.replace(".", "_")
-    for existing in image.topics:
-        if existing.replace(".", "_") == collision_key:
-            _reject(errors.INVALID_TOPIC_EXCEPTION, f"topic {name!r} collides with {existing!r}")
-
-
-def _check_assignment(
-    image: MetadataImage,
-    assignment: tuple[tuple[int, ...], ...],
-    replication_factor: int | None,
-) -> None:
-    """Check replica lists; ``replication_factor`` is the one they must all have, if known."""
-    live_count = len(image.live_broker_ids())
-    for index, replicas in enumerate(assignment):
-        if not replicas:
-            _reject(errors.INVALID_REPLICATION_FACTOR, f"partition {index} has no replicas")
-        if len(replicas) > live_count:
-            _reject(
-                errors.INVALID_REPLICATION_FACTOR,
-                f"replication factor {len(replicas)} is larger than the "
-                f"{live_count} available broker(s)",
-            )
-        expected = len(assignment[0]) if replication_factor is None else replication_factor
-        if len(replicas) != expected or len(set(replicas)) != len(replicas):
-            _reject(
-                errors.INVALID_REPLICA_ASSIGNMENT,
-                f"partition {index} replicas {list(replicas)}: duplicate broker or "
-                f"replication factor other than {expected}",
-            )
-        _check_replicas_usable(image, index, replicas)
-
-
-def _check_replicas_usable(image: MetadataImage, index: int, replicas: tuple[int, ...]) -> None:
-    unknown = [r for r in replicas if r not in image.brokers]
-    if unknown:
-        _reject(errors.INVALID_REPLICA_ASSIGNMENT, f"partition {index}: brokers {unknown} unknown")
-    if all(image.brokers[r].fenced for r in replicas):
-        _reject(errors.INVALID_REPLICA_ASSIGNMENT, f"partition {index}: all replicas are fenced")
-
-
-def _new_partition(image: MetadataImage, index: int, replicas: tuple[int, ...]) -> PartitionImage:
-    # Replica order is preference order: the first unfenced replica leads.
-    isr = tuple(r for r in replicas if not image.brokers[r].fenced)
-    assert isr, "checked by _check_replicas_usable"
-    return PartitionImage(index, replicas, isr, isr[0], leader_epoch=0, partition_epoch=0)
-
-
-def _checked_configs(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    configs: dict[str, str] = {}
-    for key, value in pairs:
-        if key in configs:
-            _reject(errors.INVALID_CONFIG, f"duplicate config key {key!r}")
-        problem = validate_topic_config(key, value)
-        if problem is not None:
-            _reject(errors.INVALID_CONFIG, problem)
-        configs[key] = value
-    return configs
-
-
-def _existing_topic(image: MetadataImage, name: str) -> TopicImage:
-    topic = image.topics.get(name)
-    if topic is None:
-        _reject(errors.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-    return topic
-
-
-def _delete_topic(image: MetadataImage, record: DeleteTopic) -> tuple[MetadataImage, bytes]:
-    topic = _existing_topic(image, record.name)
-    if topic.topic_id != record.topic_id:
-        _reject(errors.UNKNOWN_TOPIC_ID, f"topic {record.name!r} has a different topic id")
-    next_image = dataclasses.replace(
-        image,
-        topics=_without_item(image.topics, record.name),
-        topic_names_by_id=_without_item(image.topic_names_by_id, topic.topic_id),
-    )
-    return next_image, topic.topic_id
-
-
-def _create_partitions(
-    image: MetadataImage, record: CreatePartitions, offset: int
-) -> tuple[MetadataImage, int]:
-    topic = _existing_topic(image, record.name)
-    total = len(topic.partitions) + len(record.new_partitions)
-    if not record.new_partitions or total > PARTITIONS_PER_TOPIC_MAX:
-        _reject(
-            errors.INVALID_PARTITIONS,
-            f"topic has {len(topic.partitions)} partitions; cannot grow to {total}",
-        )
-    _check_assignment(image, record.new_partitions, len(topic.partitions[0].replicas))
-    first = len(topic.partitions)
-    added = tuple(
-        _new_partition(image, first + i, replicas)
-        for i, replicas in enumerate(record.new_partitions)
-    )
-    changed = dataclasses.replace(topic, partitions=topic.partitions + added, version=offset)
-    return _with_topic(image, changed), total
-
-
-def _with_topic(image: MetadataImage, topic: TopicImage) -> MetadataImage:
-    assert image.topics[topic.name].topic_id == topic.topic_id
-    return dataclasses.replace(image, topics=_with_item(image.topics, topic.name, topic))
-
-
-# --- Configs --------------------------------------------------------------------------------
-
-
-def _alter_configs(
-    image: MetadataImage, record: AlterConfigs, offset: int
-) -> tuple[MetadataImage, None]:
-    set_keys = [key for key, _ in record.set]
-    if len(set(set_keys)) != len(set_keys) or len(set(record.delete)) != len(record.delete):
-        _reject(errors.INVALID_REQUEST, "a config key appears twice")
-    if not set(set_keys).isdisjoint(record.delete):
-        _reject(errors.INVALID_REQUEST, "a config key is both set and deleted")
-    if record.resource_type == RESOURCE_TYPE_TOPIC:
-        return _alter_topic_configs(image, record, offset), None
-    if record.resource_type == RESOURCE_TYPE_BROKER:
-        return _alter_broker_configs(image, record, offset), None
-    _reject(errors.INVALID_REQUEST, f"unsupported config resource type {record.resource_type}")
-
-
-def _alter_topic_configs(image: MetadataImage, record: AlterConfigs, offset: int) -> MetadataImage:
-    topic = _existing_topic(image, record.resource_name)
-    for key in record.delete:
-        if key not in TOPIC_CONFIG_KEYS:
-            _reject(errors.INVALID_CONFIG, f"unknown topic config {key!r}")
-    configs = _merged_configs(topic.configs, _checked_configs(record.set), record.delete)
-    changed = dataclasses.replace(topic, configs=configs, version=offset)
-    return _with_topic(image, changed)
-
-
-def _alter_broker_configs(image: MetadataImage, record: AlterConfigs, offset: int) -> MetadataImage:
-    name = record.resource_name
-    if name and not (name.isascii() and name.isdigit()):
-        _reject(errors.INVALID_REQUEST, f"broker config resource {name!r} is not '' or a node id")
-    for key, value in record.set:
-        problem = validate_broker_dynamic_config(key, value)
-        if problem is not None:
-            _reject(errors.INVALID_CONFIG, problem)
-    for key in record.delete:
-        if key not in BROKER_DYNAMIC_CONFIG_KEYS:
-            _reject(errors.INVALID_CONFIG, f"{key!r} is not a dynamic broker config")
-    current = image.broker_configs.get(name)
-    base = frozen_mapping() if current is None else current.configs
-    configs = _merged_configs(base, dict(record.set), record.delete)
-    resource = ConfigResourceImage(name, configs, offset)
-    return dataclasses.replace(
-        image, broker_configs=_with_item(image.broker_configs, name, resource)
-    )
-
-
-def _merged_configs(
-    base: Mapping[str, str], updates: Mapping[str, str], deletes: Iterable[str]
-) -> Mapping[str, str]:
-    merged = dict(base)
-    merged.update(updates)
-    for key in deletes:
-        merged.pop(key, None)
-    return frozen_mapping(merged)
-
-
-# --- Partitions -----------------------------------------------------------------------------
-
-
-def _partition_change(
-    image: MetadataImage, record: PartitionChange, offset: int
-) -> tuple[MetadataImage, int]:
-    topic = _existing_topic(image, record.topic)
-    current = image.partition(record.topic, record.partition)
-    if current is None:
-        _reject(errors.UNKNOWN_TOPIC_OR_PARTITION, f"{record.topic}-{record.partition} unknown")
-    _check_partition_shape(current, record)
-    _check_partition_eligibility(image, current, record)
-    _check_partition_epochs(current, record)
-    changed = dataclasses.replace(
-        current,
-        leader=record.leader,
-        isr=record.isr,
-        leader_epoch=record.leader_epoch,
-        partition_epoch=record.partition_epoch,
-    )
-    partitions = list(topic.partitions)
-    partitions[record.partition] = changed
-    next_topic = dataclasses.replace(topic, partitions=tuple(partitions), version=offset)
-    return _with_topic(image, next_topic), record.partition_epoch
-
-
-def _check_partition_shape(current: PartitionImage, record: PartitionChange) -> None:
-    if len(set(record.isr)) != len(record.isr) or not set(record.isr) <= set(current.replicas):
-        _reject(errors.INVALID_REQUEST, f"ISR {list(record.isr)} is not a subset of replicas")
-    if record.leader != NO_LEADER and record.leader not in record.isr:
-        _reject(errors.INVALID_REQUEST, f"leader {record.leader} is not in the ISR")
-
-
-def _check_partition_eligibility(
-    image: MetadataImage, current: PartitionImage, record: PartitionChange
-) -> None:
-    # As in KRaft: a new leader, and replicas joining the ISR, must be live brokers. Members
-    # already in the ISR may stay while fenced, so ISR shrinks can be applied one at a time.
-    joining = [r for r in record.isr if r not in current.isr]
-    if record.leader != NO_LEADER and record.leader != current.leader:
-        joining.append(record.leader)
-    ineligible = sorted({r for r in joining if r not in image.brokers or image.brokers[r].fenced})
-    if ineligible:
-        _reject(errors.INELIGIBLE_REPLICA, f"brokers {ineligible} are fenced or not registered")
-
-
-def _check_partition_epochs(current: PartitionImage, record: PartitionChange) -> None:
-    if record.partition_epoch != current.partition_epoch + 1:
-        _reject(
-            errors.INVALID_UPDATE_VERSION,
-            f"partition epoch {record.partition_epoch}, expected {current.partition_epoch + 1}",
-        )
-    if record.leader_epoch < current.leader_epoch:
-        _reject(
-            errors.FENCED_LEADER_EPOCH,
-            f"leader epoch {record.leader_epoch} < current {current.leader_epoch}",
-        )
-    if record.leader != current.leader and record.leader_epoch == current.leader_epoch:
-        _reject(errors.INVALID_REQUEST, "leader changed without a new leader epoch")
-
-
-# --- Copy-on-write helpers ------------------------------------------------------------------
-
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-def _with_item(mapping: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
-    copy = dict(mapping)
-    copy[key] = value
-    return frozen_mapping(copy)
-
-
-def _without_item(mapping: Mapping[K, V], key: K) -> Mapping[K, V]:
-    copy = dict(mapping)
-    del copy[key]
-    return frozen_mapping(copy)
 
 
 # --- The state machine ----------------------------------------------------------------------

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from raftlog.protocol import codec
+from raftlog.protocol.api_table import APIS_BY_KEY
 from raftlog.protocol.codec import Api, DecodeError, Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import (
     ALTER_CONFIGS,
-    APIS_BY_KEY,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,

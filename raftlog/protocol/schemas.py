@@ -802,5 +802,3 @@ ALL_APIS: tuple[Api, ...] = (
     INCREMENTAL_ALTER_CONFIGS,
     DELETE_RECORDS,
 )
-
-APIS_BY_KEY: dict[int, Api] = {api.key: api for api in ALL_APIS}

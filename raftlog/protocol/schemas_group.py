@@ -4,15 +4,13 @@ Same conventions as :mod:`raftlog.protocol.schemas`: snake_case of Kafka's messa
 only the fields of the versions implemented here (the ranges of kafka-compatibility.md §2.3),
 cross-checked against ``shared/kafka-protocol/message`` by ``tests/unit/test_schemas.py``.
 
-Importing this module registers the APIs in ``schemas.APIS_BY_KEY`` (the listener's lookup
-table), so a node that installs the group handlers can decode their requests.
+The listener's lookup table, ``api_table.APIS_BY_KEY``, includes these APIs.
 """
 
 from __future__ import annotations
 
 from raftlog.protocol.codec import Api
 from raftlog.protocol.codec import Field as F
-from raftlog.protocol.schemas import APIS_BY_KEY
 
 JOIN_GROUP = Api(
     key=11,
@@ -268,7 +266,3 @@ GROUP_APIS: tuple[Api, ...] = (
     LIST_GROUPS,
     DELETE_GROUPS,
 )
-
-# The listener decodes with ``APIS_BY_KEY``; registering here keeps ``schemas.py`` untouched.
-for _api in GROUP_APIS:
-    APIS_BY_KEY.setdefault(_api.key, _api)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from raftlog.protocol.codec import Api
 from raftlog.protocol.codec import Field as F
-from raftlog.protocol.schemas import APIS_BY_KEY
 
 SASL_HANDSHAKE = Api(
     key=17,
@@ -40,8 +39,3 @@ SASL_AUTHENTICATE = Api(
 )
 
 SECURITY_APIS: tuple[Api, ...] = (SASL_HANDSHAKE, SASL_AUTHENTICATE)
-
-# The listener decodes with ``schemas.APIS_BY_KEY``; registering here keeps ``schemas.py``
-# free of an import of this module.
-for _api in SECURITY_APIS:
-    APIS_BY_KEY.setdefault(_api.key, _api)

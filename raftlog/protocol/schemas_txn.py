@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from raftlog.protocol.codec import Api
 from raftlog.protocol.codec import Field as F
-from raftlog.protocol.schemas import APIS_BY_KEY
 
 _TOPIC_PARTITIONS = [F("name", "string"), F("partitions", "[]int32")]
 _TOPIC_RESULTS = [
@@ -266,8 +265,3 @@ TXN_APIS: tuple[Api, ...] = (
     DESCRIBE_TRANSACTIONS,
     LIST_TRANSACTIONS,
 )
-
-# The listener decodes with ``schemas.APIS_BY_KEY``; registering here keeps ``schemas.py``
-# untouched (as ``schemas_group`` does).
-for _api in TXN_APIS:
-    APIS_BY_KEY.setdefault(_api.key, _api)

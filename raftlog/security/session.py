@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
+from raftlog.protocol.errors import ErrorCode
 from raftlog.security.scram import (
     ITERATIONS_MIN,
     ScramClient,
@@ -40,11 +41,10 @@ BROKER_EPOCH_EXTENSION: Final = "brokerepoch"
 # Kafka's limit for frames before a connection has authenticated (SaslHandshake and
 # SaslAuthenticate are tiny; a larger frame is an attack or a confused client).
 PRE_AUTH_FRAME_BYTES_MAX: Final = 512 * 1024
-# Kafka's error codes for the SASL exchange. This core sits below raftlog.fetch (which has
-# the full ErrorCode table), so it names the three it answers; a unit test keeps them equal.
-UNSUPPORTED_SASL_MECHANISM: Final = 33
-ILLEGAL_SASL_STATE: Final = 34
-SASL_AUTHENTICATION_FAILED: Final = 58
+# The Kafka error codes this exchange answers with, as plain ints from the one table.
+UNSUPPORTED_SASL_MECHANISM: Final = int(ErrorCode.UNSUPPORTED_SASL_MECHANISM)
+ILLEGAL_SASL_STATE: Final = int(ErrorCode.ILLEGAL_SASL_STATE)
+SASL_AUTHENTICATION_FAILED: Final = int(ErrorCode.SASL_AUTHENTICATION_FAILED)
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from typing import Any, Protocol
 import trio
 
 from raftlog.protocol import codec
+from raftlog.protocol.api_table import APIS_BY_KEY
 from raftlog.protocol.codec import Api, DecodeError, Region
 from raftlog.protocol.errors import ErrorCode
-from raftlog.protocol.schemas import API_VERSIONS, APIS_BY_KEY
+from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.protocol.schemas_security import SECURITY_APIS
 from raftlog.security.session import Session
 from raftlog.server.request_memory import (
