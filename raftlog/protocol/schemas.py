@@ -743,7 +743,7 @@ INCREMENTAL_ALTER_CONFIGS = Api(
 )
 
 # DeleteRecords (21): advance partitions' log start offsets (kafka-delete-records.sh,
-# AdminClient.delete_records). Served by the partition leader (KafkaApis.delete_records).
+# AdminClient.delete_records). Served by the partition leader (DeleteRecordsApis.delete_records).
 DELETE_RECORDS = Api(
     key=21,
     name="DeleteRecords",

@@ -1,6 +1,6 @@
 """The leader side of replication: follower positions, the ISR and AlterPartition.
 
-* ``record_follower_fetch``: a follower's fetch (served by ``KafkaApis.fetch``) moves its
+* ``record_follower_fetch``: a follower's fetch (served by ``FetchApis.fetch``) moves its
   position, maybe the high watermark, and maybe asks to expand the ISR.
 * the ISR check task (Kafka's isr-expiration): shrink a follower not caught up within
   ``replica.lag.time.max.ms``, expand one whose end reached the HW, through the injected

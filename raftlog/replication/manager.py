@@ -6,7 +6,7 @@ The trio shell around ``PartitionManager`` for replicated partitions (see
 * ``apply_image(image)`` derives each local partition's role and tells the partition
   (``Partition.become_leader`` / ``become_follower``). Leader (image leader == this node): its
   epoch starts at its log end in the epoch cache, follower fetches are served by
-  ``KafkaApis.fetch`` (which calls ``record_follower_fetch``). Follower: the partition joins the
+  ``FetchApis.fetch`` (which calls ``record_follower_fetch``). Follower: the partition joins the
   ``LeaderFetcher`` of its leader. A new leader epoch is a role change even for the same leader.
 * the follower side, one ``LeaderFetcher`` task per leader node: ``raftlog.replication.fetcher``.
 * the leader side, follower positions and ISR changes through the injected ``alter_isr`` (the

@@ -30,7 +30,7 @@ COORDINATOR_NOT_AVAILABLE (15) and NOT_COORDINATOR (16) are retriable everywhere
 An empty transactional id → INVALID_REQUEST (42), as Kafka.
 
 AllocateProducerIds (67), which fills this broker's ``ProducerIdManager``, is the controller's:
-``raftlog.broker.controller_apis`` serves it, and a broker sends it with
+``raftlog.controller.rpcs`` serves it, and a broker sends it with
 ``BrokerLifecycle.allocate_block``.
 """
 
@@ -72,7 +72,7 @@ class ProducerApis:
         self.transactional_init = transactional_init
 
     def handlers(self) -> dict[int, Handler]:
-        """InitProducerId only: AllocateProducerIds is the controller's (``ControllerApis``)."""
+        """InitProducerId only: AllocateProducerIds is the controller's (``ControllerRpcs``)."""
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
             INIT_PRODUCER_ID.key: self.init_producer_id,
         }

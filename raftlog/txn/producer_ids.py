@@ -11,9 +11,9 @@ COORDINATOR_LOAD_IN_PROGRESS, which every client retries.
 ``allocate_block() -> (start, length)``; a node passes ``BrokerLifecycle.allocate_block``,
 the AllocateProducerIds request through the ``ControllerChannel`` (in-process on a combined
 node that is the controller, over TCP otherwise). The controller side is the one in
-``raftlog.controller.core`` (decision) and ``controller_service`` (the proposal, with the
+``raftlog.controller.core`` (decision) and ``raftlog.controller.service`` (the proposal, with the
 controller's term and the compare-and-set on ``next_producer_id``), served by
-``raftlog.broker.controller_apis``.
+``raftlog.controller.rpcs``.
 """
 
 from __future__ import annotations
