@@ -317,11 +317,6 @@ class TxnCoordinatorService:
         return self.verifier.verify_transactional_produce(topic, index, transactional_id,
                                                           producer_id, epoch)
 
-    def verify_by_producer_id(self, topic: str, index: int, producer_id: int,
-                              epoch: int) -> tuple[int, str] | None:
-        """TxnOffsetCommit's check (``ProduceVerifier.verify_by_producer_id``)."""
-        return self.verifier.verify_by_producer_id(topic, index, producer_id, epoch)
-
     def verify_partitions(self, transactional_id: str, producer_id: int, epoch: int,
                           partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """AddPartitionsToTxn v4 verify_only (``ProduceVerifier.verify_partitions``)."""

@@ -29,7 +29,6 @@ from raftlog.protocol.internal_topics import coordinator_partition
 from raftlog.protocol.schemas_txn import ADD_PARTITIONS_TO_TXN
 from raftlog.quorum.interface import Quorum
 from raftlog.txn import coordinator as core
-from raftlog.txn.coordinator import TxnState
 from raftlog.txn.state_log import TXN_TOPIC, NotCoordinatorError, TxnStateLog
 
 __all__ = ["VERIFY_TIMEOUT_S", "PendingVerification", "ProduceVerifier", "Verdict"]
@@ -140,32 +139,6 @@ class ProduceVerifier:
         self._nursery.start_soon(self._run_verification, pending, coordinator,
                                  transactional_id, guard)
         return pending
-
-    def verify_by_producer_id(self, topic: str, index: int, producer_id: int,
-                              epoch: int) -> tuple[int, str] | None:
-        """The check for writes that carry no transactional id to route by (TxnOffsetCommit
-        in ``raftlog.group.txn_offsets``): against the transactions this node coordinates;
-        when the id's coordinator may be another node, only the partition's own producer
-        state (the caller's epoch check) stands."""
-        for state in self.state_log.owned.values():
-            metadata = state.by_producer_id(producer_id)
-            if metadata is None:
-                continue
-            if metadata.producer_epoch != epoch:
-                return (ErrorCode.INVALID_PRODUCER_EPOCH,
-                        f"producer {producer_id}: epoch {epoch} is not the transaction's "
-                        f"current epoch {metadata.producer_epoch}")
-            if metadata.state != TxnState.ONGOING or \
-                    (topic, index) not in metadata.partitions:
-                return (ErrorCode.INVALID_TXN_STATE,
-                        f"{topic}-{index} was not added to the transaction of producer "
-                        f"{producer_id} (AddPartitionsToTxn first)")
-            return None
-        known = self.quorum.image.topics.get(TXN_TOPIC)
-        if known is not None and any(p.leader != self.node_id for p in known.partitions):
-            return None  # the coordinator may be elsewhere
-        return (ErrorCode.INVALID_TXN_STATE,
-                f"producer {producer_id} has no ongoing transaction")
 
     def _verify_locally(self, topic: str, index: int, transactional_id: str,
                         producer_id: int, epoch: int) -> Verdict:
