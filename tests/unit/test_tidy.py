@@ -26,17 +26,18 @@ LONG_FILES_ALLOWED = {"raftlog/protocol/schemas.py"}
 
 # Lowest first. A package may import its own layer's packages and any lower layer's.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"config", "clock", "protocol", "security", "metadata"}),
+    frozenset({"config", "clock", "protocol", "security", "metadata", "metrics"}),
     frozenset({"partition", "quorum", "client"}),
     frozenset({"server", "replication"}),
     frozenset({"controller", "group", "txn"}),
     frozenset({"broker"}),
-    frozenset({"tools", "node", "cli", "__main__"}),
+    frozenset({"tools", "node", "cli", "__main__", "observe"}),
 )
 PURE_MODULES = (
     "raftlog/protocol/",
     "raftlog/metadata/",
     "raftlog/security/",
+    "raftlog/metrics/",
     "raftlog/partition/replica_state.py",
     "raftlog/partition/producer_state.py",
     "raftlog/partition/append.py",

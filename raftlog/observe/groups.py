@@ -1,0 +1,18 @@
+"""STUB (skeleton for the metrics work; filled in by its owner before commit)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from raftlog.observe.parts import MetricsSettings, NodeParts
+
+
+class GroupCollector:
+    def __init__(self, parts: NodeParts, settings: MetricsSettings) -> None:
+        self._parts = parts
+        self._settings = settings
+
+    def collect(self) -> Iterator[Metric]:
+        yield from ()

@@ -1,0 +1,30 @@
+"""One ``prometheus_client`` registry per node, every collector registered here."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from raftlog.observe import cluster, groups, quorum, replication, requests, runtime, storage, txn
+from raftlog.observe.parts import MetricsSettings, NodeParts
+
+
+def build_registry(
+    parts: NodeParts, settings: MetricsSettings, request_stats: requests.RequestStats,
+    loop: runtime.LoopMonitor,
+) -> CollectorRegistry:
+    """A registry (not prometheus_client's global one: tests run several nodes in one
+    process) with every raftlog collector and the library's process collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in (
+        requests.RequestCollector(request_stats),
+        cluster.ClusterCollector(parts),
+        storage.StorageCollector(parts, settings),
+        replication.ReplicationCollector(parts, settings),
+        quorum.QuorumCollector(parts),
+        groups.GroupCollector(parts, settings),
+        txn.TxnCollector(parts),
+        runtime.RuntimeCollector(loop),
+    ):
+        registry.register(collector)
+    runtime.register_process_collector(registry)
+    return registry
