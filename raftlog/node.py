@@ -46,6 +46,7 @@ from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
 from raftlog.metadata.state import MetadataStateMachine
+from raftlog.observe.parts import NodeParts
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.protocol.errors import ErrorCode
@@ -103,6 +104,8 @@ class Node:
         self.lifecycle: BrokerLifecycle | None = None
         self.replicas: ReplicaManager | None = None
         self.groups: GroupInstall | None = None
+        # What the metrics collectors read (raftlog.observe); set once the parts are wired.
+        self.parts: NodeParts | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -192,6 +195,11 @@ class Node:
         )
         channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
+        self.parts = NodeParts(
+            config=config, quorum=quorum, manager=self.manager, cleaner=self.cleaner,
+            replicas=replicas, apis=apis, controller=controller if config.is_controller else None,
+            groups=groups if is_broker else None, txn=txn_service if is_broker else None,
+            ready=lambda: _registered_in_image(quorum, lifecycle, is_broker))
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()
         limits = ListenerLimits(

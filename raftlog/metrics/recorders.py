@@ -66,7 +66,7 @@ class Histogram:
     above every bound (Prometheus's ``+Inf``).
     """
 
-    __slots__ = ("bounds", "counts", "sum", "count")
+    __slots__ = ("bounds", "count", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_MS_BUCKETS) -> None:
         assert list(bounds) == sorted(bounds) and len(set(bounds)) == len(bounds), bounds

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from raftlog.observe.parts import MetricsSettings, NodeParts
+from raftlog.observe.parts import NodeParts
 
 
 class ClusterCollector:
