@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench fuzz apt-test apt-bench clean
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,6 +20,11 @@ apt-test:
 	@# nftables: the Jepsen harness's network partitions (tests/jepsen).
 	@command -v nft >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nftables >/dev/null; }
+	@# prometheus: tests/integration/test_prometheus.py runs its own server process against a
+	@# 3-node cluster (the package's service, where systemd starts one, is not used).
+	@command -v prometheus >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+		prometheus >/dev/null; }
 
 apt-bench:
 	@command -v nats-server >/dev/null || { $(SUDO) apt-get update -qq && \
@@ -48,6 +53,10 @@ fuzz: $(STAMP)
 
 bench: $(STAMP) apt-bench
 	$(PY) bench/produce_consume.py
+
+# Scrape time of /metrics on one idle node with 1,000 partitions (target: under 50 ms).
+bench-metrics: $(STAMP)
+	$(PY) bench/metrics_scrape.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,8 @@ node's own address from :class:`jepsen.net.Net` (its namespace address, or 127.0
 clients in the root namespace reach the nodes at the addresses the nodes advertise.
 
 Each node gets a clock-offset file (``RAFTLOG_CLOCK_OFFSET_FILE``, see :mod:`raftlog.clock`)
-that the clock nemesis writes.
+that the clock nemesis writes, and a metrics listener (``metrics.listener``) on its own address,
+which :mod:`jepsen.scrape` reads during the run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -62,6 +64,7 @@ class NodeProcess:
     host: str
     kafka_port: int
     exec_prefix: list[str]
+    metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     starts: int = 0
@@ -153,6 +156,7 @@ class Cluster:
         hosts = {i: net.host(i) for i in layout.node_ids}
         voters = ",".join(f"{i}@{hosts[i]}:{layout.controller_ports[i - 1]}"
                           for i in layout.node_ids)
+        metrics_ports = _free_ports(layout.nodes, {*layout.kafka_ports, *layout.controller_ports})
         for i in layout.node_ids:
             node_dir = node_directory(directory, i)
             props = node_properties(layout, i, directory)
@@ -160,10 +164,12 @@ class Cluster:
             props["listeners"] = f"PLAINTEXT://{hosts[i]}:{kafka},CONTROLLER://{hosts[i]}:{controller}"
             props["advertised.listeners"] = f"PLAINTEXT://{hosts[i]}:{kafka}"
             props["controller.quorum.voters"] = voters
+            props["metrics.listener"] = f"http://{hosts[i]}:{metrics_ports[i - 1]}"
             props.update(extra_properties or {})
             (node_dir / "server.properties").write_text(
                 "".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")
-            cluster.nodes[i] = NodeProcess(i, node_dir, hosts[i], kafka, net.exec_prefix(i))
+            cluster.nodes[i] = NodeProcess(i, node_dir, hosts[i], kafka, net.exec_prefix(i),
+                                           metrics_ports[i - 1])
         return cluster
 
     @property
@@ -173,6 +179,10 @@ class Cluster:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{n.host}:{n.kafka_port}" for n in self.nodes.values())
+
+    def metrics_targets(self) -> dict[int, tuple[str, int]]:
+        """node id -> (host, port) of its metrics listener."""
+        return {i: (n.host, n.metrics_port) for i, n in self.nodes.items() if n.metrics_port}
 
     def start_all(self) -> None:
         for node in self.nodes.values():
@@ -227,6 +237,24 @@ class Cluster:
             if topics:
                 return {p.partition_index: p.leader_id for p in topics[0].partitions}
         return {}
+
+
+def _free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 and not in ``taken`` (the cluster's own)."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port not in taken:
+                ports.append(port)
+        return ports
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 async def _metadata(address: tuple[str, int], topic: str) -> Any:

@@ -306,6 +306,11 @@ class HistoryWriter:
         self._start = _time.monotonic_ns()
         self._next = 0
 
+    @property
+    def start_ns(self) -> int:
+        """``time.monotonic_ns()`` when the history started: the origin of ``time``."""
+        return self._start
+
     def append(
         self,
         type: OpType,

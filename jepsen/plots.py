@@ -1,6 +1,8 @@
 """Latency and throughput over time, with fault intervals shaded (matplotlib PNGs), and the
-run statistics behind them. Pure apart from writing the files; matplotlib is optional (no
-plots, and a note in the results, when it is not installed)."""
+run statistics behind them; and the nodes' own metrics scraped during the run (under-replicated
+partitions, Produce latency from the nodes' histograms) on the same time axis. Pure apart from
+writing the files; matplotlib is optional (no plots, and a note in the results, when it is not
+installed)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from jepsen.history import History, Op
+from jepsen.metrics import Sample, latency_series, missing, under_replicated_series
 
 COLORS: Final = {"ok": "#2a9d8f", "info": "#e9c46a", "fail": "#e76f51"}
 FAULT_COLORS: Final = {"kill": "#e63946", "pause": "#457b9d", "partition": "#8d6cab",
@@ -139,5 +142,58 @@ def _rate_figure(fig: Any, lat: list[tuple[Op, Op, float]],
     ax.set_ylabel("completions / s")
     ax.set_title(f"throughput ({name})")
     ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def write_metrics_plot(history: History, samples: list[Sample], directory: Path) -> list[str]:
+    """Write ``metrics.png`` from the scraped samples; returns its name (nothing without
+    samples or matplotlib)."""
+    if not samples:
+        return []
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return []
+    faults = fault_intervals(history)
+    with _RENDER_LOCK:
+        _metrics_figure(Figure(figsize=(10, 6.5)), samples, faults, directory.name).savefig(
+            directory / "metrics.png", dpi=100)
+    return ["metrics.png"]
+
+
+def _metrics_figure(fig: Any, samples: list[Sample], faults: list[tuple[str, float, float]],
+                    name: str) -> Any:
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(1, 1.3))
+    _shade(top, faults)
+    urp = under_replicated_series(samples)
+    if urp:
+        top.plot([t for t, _, _ in urp], [u for _, u, _ in urp], color="#1d3557",
+                 drawstyle="steps-post", label="under-replicated partitions (sum over nodes)")
+    nodes = sorted({s.node for s in samples})
+    gaps = missing(samples)
+    labelled = False
+    for i, node in enumerate(nodes):  # one row of marks per node below 0: n1 on top
+        pts = [t for t, n in gaps if n == node]
+        if pts:
+            top.scatter(pts, [-0.4 - 0.4 * i] * len(pts), marker="|", s=30, color="#6c757d",
+                        label=None if labelled else "scrape not answered (rows: n1, n2, ...)")
+            labelled = True
+    top.set_ylim(bottom=-0.4 - 0.4 * len(nodes))
+    top.set_ylabel("partitions")
+    top.set_title(f"node metrics ({name})")
+    top.legend(fontsize=7, loc="upper left")
+    _shade(bottom, faults)
+    lat = latency_series(samples)
+    styles = {0.5: ("p50", "#2a9d8f"), 0.99: ("p99", "#e76f51")}
+    for q, (label, color) in styles.items():
+        points = [(t, v[q]) for t, v, _ in lat if q in v]
+        if points:
+            bottom.plot([p[0] for p in points], [max(p[1], 0.01) for p in points], marker=".",
+                        color=color, label=f"Produce total time {label} (nodes' histograms)")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("time (s)")
+    bottom.set_ylabel("latency (ms)")
+    bottom.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

@@ -25,6 +25,8 @@ def write_index(directory: Path, results: dict[str, Any]) -> Path:
                     for p in results.get("plots", []))
     logs = "".join(f'<li><a href="{p.name}">{p.name}</a></li>'
                    for p in sorted(directory.glob("n*.log")))
+    metrics = ('<li><a href="metrics.jsonl">metrics.jsonl</a> (the nodes\' metrics, scraped '
+               'every second)</li>' if (directory / "metrics.jsonl").exists() else "")
     notes = "".join(f"<li>{html.escape(str(n))}</li>" for n in test.get("notes", []))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>jepsen {html.escape(directory.name)}</title>
@@ -34,7 +36,7 @@ pre{{background:#f6f6f6;padding:6px;overflow:auto;max-height:20em}}</style></hea
 <p style="font-size:1.4em">valid: <b style="color:{color}">{html.escape(str(valid))}</b></p>
 <h2>Anomalies</h2><ul>{anomalies}</ul>
 <h2>Plots</h2>{plots or "<p>(no plots: matplotlib missing)</p>"}
-<h2>Files</h2><ul><li><a href="history.jsonl">history.jsonl</a></li>
+<h2>Files</h2><ul><li><a href="history.jsonl">history.jsonl</a></li>{metrics}
 <li><a href="results.json">results.json</a></li>{logs}</ul>
 <h2>Test</h2><table>{rows}</table>
 <h2>Notes</h2><ul>{notes or "<li>none</li>"}</ul>

@@ -27,8 +27,11 @@ from typing import Any, Final
 from jepsen import plots, report
 from jepsen.db import UNSAFE_PROPERTIES, Cluster
 from jepsen.history import NEMESIS, HistoryWriter, Op, OpType, read_jsonl
+from jepsen.metrics import read_samples
+from jepsen.metrics import summary as metrics_summary
 from jepsen.nemesis import Nemesis, parse_kinds, plan
 from jepsen.net import LoopbackNet, Net, NetError, choose_net
+from jepsen.scrape import Scraper
 from jepsen.workloads import ClusterView, Outcome, Workload
 from jepsen.workloads.metadata import MetadataWorkload
 from jepsen.workloads.queue import TOPIC, QueueWorkload
@@ -36,6 +39,7 @@ from jepsen.workloads.txn import TxnWorkload
 
 WORKLOADS: Final = ("queue", "txn", "metadata")
 JOIN_TIMEOUT_S: Final = 30.0
+METRICS_FILE: Final = "metrics.jsonl"
 RECOVERY_TIMEOUT_S: Final = 60.0
 
 
@@ -104,6 +108,10 @@ class Recorder:
             if type != "invoke" and process != NEMESIS:
                 self.counts[type] += 1
             return self._writer.append(type, process, f, value, error=error, **extra)
+
+    @property
+    def start_ns(self) -> int:
+        return self._writer.start_ns
 
     def new_process(self) -> int:
         with self._lock:
@@ -213,6 +221,18 @@ class _Drive:
 def _drive(opts: TestOptions, workload: Workload, view: ClusterView, cluster: Cluster,
            net: Net, directory: Path) -> _Drive:
     recorder = Recorder(directory / "history.jsonl")
+    # The nodes' own metrics, every second from start to the end of the final reads; for the
+    # report's plots only (the checkers never read them).
+    scraper = Scraper(cluster.metrics_targets(), directory / METRICS_FILE,
+                      recorder.start_ns).start()
+    try:
+        return _drive_recorded(opts, workload, view, cluster, net, recorder)
+    finally:
+        scraper.stop()
+
+
+def _drive_recorded(opts: TestOptions, workload: Workload, view: ClusterView, cluster: Cluster,
+                    net: Net, recorder: Recorder) -> _Drive:
     rng = random.Random(opts.seed)
     kinds = parse_kinds(opts.nemesis, net.namespaces)
     topic = TOPIC if opts.workload in ("queue", "txn") else None
@@ -347,10 +367,13 @@ def _finish(opts: TestOptions, workload: Workload, directory: Path, net: Net, dr
                 net, "reason", "")) + ")")
     (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
                                             encoding="utf-8")
+    samples = read_samples(directory / METRICS_FILE)
+    results["stats"]["metrics"] = metrics_summary(samples)
     try:
         results["plots"] = plots.write_plots(history, directory)
+        results["plots"] += plots.write_metrics_plot(history, samples, directory)
     except Exception as exc:  # plots are a convenience; never fail a run over them
-        results["plots"] = []
+        results["plots"] = results.get("plots", [])
         results["test"]["notes"].append(f"plots failed: {exc!r}")
     (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
                                             encoding="utf-8")

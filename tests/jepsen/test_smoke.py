@@ -29,8 +29,14 @@ def _check_run_directory(results: dict[str, Any]) -> Path:
     directory = Path(results["test"]["store_dir"])
     for name in ("history.jsonl", "results.json", "index.html", "n1.log", "n2.log", "n3.log"):
         assert (directory / name).is_file(), name
-    assert results["plots"] == ["latency-raw.png", "rate.png"]
+    assert results["plots"] == ["latency-raw.png", "rate.png", "metrics.png"]
     assert "latency-raw.png" in (directory / "index.html").read_text()
+    assert "metrics.png" in (directory / "index.html").read_text()
+    # The nodes' metrics were scraped through the run (a killed node's scrapes are missing).
+    scraped = results["stats"]["metrics"]
+    assert scraped["scrapes"] > scraped["missed"], scraped
+    assert scraped["under_replicated_max"] is not None, scraped
+    assert scraped["produce_p99_ms_max"] is not None, scraped
     history = (directory / "history.jsonl").read_text().splitlines()
     assert any('"process": "nemesis"' in line for line in history)
     return directory
