@@ -46,7 +46,7 @@ class Options:
     keep_logs: Path | None
 
 
-SECTIONS = ("throughput", "failover", "startup", "memory")
+SECTIONS = ("throughput", "failover", "startup", "memory", "metrics")
 
 
 # -- what one run collects -------------------------------------------------------------------

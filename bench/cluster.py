@@ -18,6 +18,9 @@ One run measures four things (see bench/README.md):
 3. Startup: launch of `raftlog cluster up --nodes 3` on a fresh data dir until its
    `bootstrap.servers=` line; the same on the existing data dir after each throughput repeat.
 4. Memory: VmRSS of each node process ~5 s after startup with one topic created.
+5. Metrics: the throughput section's raftlog produce phases with metrics on (every node's
+   metrics.listener, scraped every second as Prometheus would) vs off, interleaved, and the
+   cost in msgs/s (target: under 3%); see _metrics_cost.py.
 
 It prints one table and PASS/MISS lines. It is a benchmark, not a test: the exit status is 0
 whatever the figures (2 when a prerequisite is missing).
@@ -364,6 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_startup_only(options, root / f"startup-{index}", index, run)
             print("startup: " + ", ".join(f"{x.kind} {x.seconds:.2f} s" for x in run.launches),
                   flush=True)
+        if "metrics" in options.sections:
+            import _metrics_cost
+
+            _metrics_cost.run_section(options, root, payload, run)
         if options.profile_dir is not None:
             try:
                 run.profile = run_profiled_produce(options, root / "profile", payload)
@@ -371,6 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 traceback.print_exc()
                 print("profiling failed; the figures above are unaffected")
     out = report(options, run)
+    if "metrics" in options.sections:
+        import _metrics_cost
+
+        out.update(_metrics_cost.report(options, run))
     env["loadavg_at_end"] = os.getloadavg()
     print(f"total run time {time.monotonic() - started:.0f} s")
     write_json(options.json_path, {
