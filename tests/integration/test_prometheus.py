@@ -161,9 +161,11 @@ def monitored(tmp_path: Path) -> Iterator[tuple[Cluster, Prometheus, dict[int, s
     targets = {node_id: _metrics_target(node) for node_id, node in cluster.nodes.items()}
     prometheus: Prometheus | None = None
     try:
+        # Prometheus first: it scrapes its first targets ~5 s after it starts (its discovery
+        # manager batches target updates), which overlaps with the cluster's start-up.
+        prometheus = Prometheus.start(tmp_path / "prometheus", targets)
         cluster.start_all()
         cluster.wait_ready()
-        prometheus = Prometheus.start(tmp_path / "prometheus", targets)
         yield cluster, prometheus, targets
     finally:
         if prometheus is not None:
