@@ -179,7 +179,8 @@ def _metrics_figure(fig: Any, samples: list[Sample], faults: list[tuple[str, flo
             top.scatter(pts, [-0.4 - 0.4 * i] * len(pts), marker="|", s=30, color="#6c757d",
                         label=None if labelled else "scrape not answered (rows: n1, n2, ...)")
             labelled = True
-    top.set_ylim(bottom=-0.4 - 0.4 * len(nodes))
+    top.set_ylim(bottom=-0.4 - 0.4 * len(nodes),
+                 top=max(1.0, max((u for _, u, _ in urp), default=0.0)) * 1.15)
     top.set_ylabel("partitions")
     top.set_title(f"node metrics ({name})")
     top.legend(fontsize=7, loc="upper left")
@@ -187,7 +188,7 @@ def _metrics_figure(fig: Any, samples: list[Sample], faults: list[tuple[str, flo
     lat = latency_series(samples)
     styles = {0.5: ("p50", "#2a9d8f"), 0.99: ("p99", "#e76f51")}
     for q, (label, color) in styles.items():
-        points = [(t, v[q]) for t, v, _ in lat if q in v]
+        points = _break_gaps([(t, v[q]) for t, v, _ in lat if q in v])
         if points:
             bottom.plot([p[0] for p in points], [max(p[1], 0.01) for p in points], marker=".",
                         color=color, label=f"Produce total time {label} (nodes' histograms)")
@@ -197,3 +198,15 @@ def _metrics_figure(fig: Any, samples: list[Sample], faults: list[tuple[str, flo
     bottom.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def _break_gaps(points: list[tuple[float, float]], step_s: float = 1.0
+                ) -> list[tuple[float, float]]:
+    """A NaN point between two points more than a step apart: no line across a window
+    without Produce requests."""
+    out: list[tuple[float, float]] = []
+    for t, v in points:
+        if out and t - out[-1][0] > step_s * 1.5:
+            out.append((t - step_s, float("nan")))
+        out.append((t, v))
+    return out

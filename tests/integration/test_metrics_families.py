@@ -91,6 +91,7 @@ def _traffic(bootstrap: str, topic: str, group: str) -> None:
     txn.commit_transaction(30)
     txn.begin_transaction()
     txn.produce(topic, value=b"aborted")
+    assert txn.flush(30) == 0  # written, so the abort has a partition to write markers to
     txn.abort_transaction(30)
 
 
