@@ -95,13 +95,6 @@ class MetricsNode:
         finally:
             connection.close()
 
-    def gauge(self, name: str) -> float | None:
-        _, body, _ = self.scrape()
-        for line in body.decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        return None
-
 
 def create_topics(node: MetricsNode, topics: int, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": node.bootstrap, "log_level": 2})
@@ -114,18 +107,21 @@ def create_topics(node: MetricsNode, topics: int, partitions: int) -> None:
 
 
 def wait_led(node: MetricsNode, expected: int) -> float:
-    """Until the node reports leading ``expected`` partitions; returns the seconds waited."""
+    """Until every partition has a leader in the node's Metadata; returns the seconds waited."""
+    admin = AdminClient({"bootstrap.servers": node.bootstrap, "log_level": 2})
     started = time.monotonic()
-    last: float | None = None
+    led = 0
     while time.monotonic() - started < READY_TIMEOUT_S:
         try:
-            last = node.gauge("kafka_server_replicamanager_leadercount")
-        except OSError:
-            last = None
-        if last is not None and last >= expected:
+            topics = admin.list_topics(timeout=10).topics
+            led = sum(1 for name, t in topics.items() if name.startswith("scrape-")
+                      for p in t.partitions.values() if p.leader >= 0)
+        except Exception:
+            led = 0
+        if led >= expected:
             return time.monotonic() - started
         time.sleep(0.5)
-    raise RuntimeError(f"leadercount {last} after {READY_TIMEOUT_S} s, expected {expected}")
+    raise RuntimeError(f"{led} partitions led after {READY_TIMEOUT_S} s, expected {expected}")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
