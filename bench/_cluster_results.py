@@ -44,6 +44,7 @@ class Options:
     profile_dir: Path | None
     profile_records: int
     keep_logs: Path | None
+    metrics_modes: tuple[str, ...] = ("on", "off")
 
 
 SECTIONS = ("throughput", "failover", "startup", "memory", "metrics")

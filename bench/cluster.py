@@ -87,6 +87,9 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--profile-records", type=int, default=500_000)
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy every server and supervisor log into this directory")
+    parser.add_argument("--metrics-modes", default="on,off",
+                        help="the metrics section's clusters, compared with off: on (listener + "
+                             "a scraper process), listener (listener, never scraped), off")
     args = parser.parse_args(argv)
     try:
         partitions = sorted({int(p) for p in args.partitions.split(",") if p.strip()})
@@ -95,13 +98,16 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if unknown := set(sections) - set(SECTIONS):
         parser.error(f"unknown --sections {sorted(unknown)}")
+    modes = tuple(m.strip() for m in args.metrics_modes.split(",") if m.strip())
+    if not set(modes) <= {"on", "listener", "off"} or "off" not in modes or len(modes) < 2:
+        parser.error("--metrics-modes: off and at least one of on, listener")
     if args.records < 1 or args.record_bytes < 1 or args.repeats < 1 or not partitions \
             or min(partitions) < 1:
         parser.error("--records, --record-bytes, --repeats and --partitions must be positive")
     return Options(args.records, args.record_bytes, args.repeats, args.json, partitions,
                    args.nats_window, args.failover_trials, args.startup_repeats,
                    args.memory_wait, sections, args.profile_dir, args.profile_records,
-                   args.keep_logs)
+                   args.keep_logs, modes)
 
 
 def _save_logs(options: Options, sources: Sequence[Path], prefix: str) -> None:
