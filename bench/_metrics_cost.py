@@ -19,15 +19,21 @@ by :func:`raftlog.tools.cluster.prepare` (the configuration ``cluster up`` write
 modes rotates between repeats.
 
 Reported: each phase's msgs/s per mode (median over repeats), the cost ``1 - mode/off`` of the
-medians and per repeat, the brokers' CPU, and the scrapes (count, failures, time).
+medians, per repeat and pooled (the geometric mean of every on/off pair, with a rough 95%
+interval: on a shared 2-core box repeats vary far more than the few percent looked for), the
+brokers' CPU, the scrapes (count, failures, time), and the direct measure: the CPU one scrape
+costs a node of the idle "on" cluster (its CPU time over 20 back-to-back scrapes, less its idle
+rate), which at one scrape a second is that many ms per s of a core.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -39,7 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from _cluster_results import Options, Run, failed_phase, throughput_phases
-from _support import PhaseResult, Spread, free_port
+from _support import PhaseResult, Spread, free_port, process_cpu_seconds
 
 TARGET_COST = 0.03
 SCRAPE_INTERVAL_S = 1.0
@@ -158,12 +164,32 @@ def launch(cluster: Any, listener: bool) -> list[tuple[str, int]]:
             trio.run(probe, layout.bootstrap, layout.nodes)
             break
         except Exception:
-            if time.monotonic() > deadline or len(cluster.node_pids()) < layout.nodes:
+            exited = [n for n, proc in cluster.restarted.items() if proc.poll() is not None]
+            if time.monotonic() > deadline or exited:
                 raise RuntimeError(f"cluster not ready:\n{cluster.log_tail(1500)}") from None
             time.sleep(0.2)
     for host, port in addresses:  # every listener answers before the clock starts
         _scrape(host, port)
     return addresses
+
+
+def scrape_cpu_ms(cluster: Any, addresses: Sequence[tuple[str, int]], scrapes: int = 20
+                  ) -> float:
+    """The median over nodes of the node CPU (ms) one scrape costs on the idle cluster."""
+    pids = [pid for _, pid in sorted(cluster.node_pids().items())]
+    idle_s = 2.0
+    before = [process_cpu_seconds(pid) for pid in pids]
+    time.sleep(idle_s)
+    idle_rate = [(process_cpu_seconds(pid) - b) / idle_s for pid, b in zip(pids, before,
+                                                                             strict=True)]
+    costs = []
+    for pid, rate, (host, port) in zip(pids, idle_rate, addresses, strict=True):
+        cpu0, wall0 = process_cpu_seconds(pid), time.monotonic()
+        for _ in range(scrapes):
+            _scrape(host, port)
+        wall = time.monotonic() - wall0
+        costs.append((process_cpu_seconds(pid) - cpu0 - rate * wall) / scrapes * 1000)
+    return sorted(costs)[len(costs) // 2]
 
 
 def run_mode(options: Options, workdir: Path, repeat: int, mode: str, payload: bytes,
@@ -176,13 +202,14 @@ def run_mode(options: Options, workdir: Path, repeat: int, mode: str, payload: b
         addresses = launch(cluster, mode != "off")
         for p, idempotent in throughput_phases(options):
             cluster.create_topic(side.phase_name(p, idempotent).replace("produce", "bench"), p)
+        cpu_ms = scrape_cpu_ms(cluster, addresses) if mode == "on" else None
         for p, idempotent in throughput_phases(options):
             topic = side.phase_name(p, idempotent).replace("produce", "bench")
             if mode == "on":
                 with Scraper(addresses) as scraper:
                     result = side.produce(cluster, topic, p, repeat, options.records, payload,
                                           idempotent)
-                result.extra["scrapes"] = scraper.stats
+                result.extra["scrapes"] = {**scraper.stats, "idle_scrape_cpu_ms": cpu_ms}
             else:
                 result = side.produce(cluster, topic, p, repeat, options.records, payload,
                                       idempotent)
@@ -268,13 +295,40 @@ def report(options: Options, run: Run) -> dict[str, Any]:
                 f"{Spread.of([s.get('scrape_ms_p50') or float('nan') for s in scrapes]).median:.1f}"
                 " ms")
             print(f"    {mode} vs off: cost {cost:+.1%}{spread}{scraped}")
+    for mode in (m for m in modes if m != "off"):
+        pooled = _pooled([1 - r for row in rows if row["mode"] == mode
+                          for r in row["cost_per_repeat"]])
+        cpu_ms = [s["idle_scrape_cpu_ms"] for row in rows if row["mode"] == mode
+                  for s in row["scrapes"] if s.get("idle_scrape_cpu_ms") is not None]
+        summary: dict[str, Any] = {"mode": mode, "pooled_cost": pooled}
+        line = f"  {mode} vs off, every phase and repeat: " + (
+            f"cost {pooled[0]:+.1%} (95% interval {pooled[1]:+.1%}..{pooled[2]:+.1%}, "
+            f"{pooled[3]} pairs)" if pooled else "no pairs")
+        if cpu_ms:
+            ms = Spread.of(cpu_ms).median
+            summary["idle_scrape_cpu_ms"] = ms
+            line += (f"; one scrape costs a node {ms:.1f} ms CPU (idle), i.e. "
+                     f"{ms / 10:.2f}% of a core at one scrape a second")
+        print(line)
+        rows.append(summary)
     print("targets (medians):")
     for row in rows:
-        if row["mode"] == "on":
+        if row["mode"] == "on" and "phase" in row:
             row["pass"] = row["cost"] < TARGET_COST
             print(f"  {'PASS' if row['pass'] else 'MISS'}  metrics on costs < {TARGET_COST:.0%} "
                   f"of msgs/s ({row['phase']}): {row['cost']:+.1%}")
     return {"metrics_cost": rows, "metrics_cost_target": TARGET_COST}
+
+
+def _pooled(ratios: Sequence[float]) -> tuple[float, float, float, int] | None:
+    """``(cost, low, high, n)`` from per-pair ``mode/off`` msgs/s ratios: the geometric mean
+    and a rough 95% interval (two standard errors of the mean log ratio)."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    if len(logs) < 2:
+        return None
+    mean = statistics.mean(logs)
+    se = statistics.stdev(logs) / math.sqrt(len(logs))
+    return 1 - math.exp(mean), 1 - math.exp(mean + 2 * se), 1 - math.exp(mean - 2 * se), len(logs)
 
 
 def _cell(spread: Spread) -> str:
