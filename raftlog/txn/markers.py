@@ -28,7 +28,7 @@ from raftlog.protocol.internal_topics import OFFSETS_TOPIC
 from raftlog.protocol.schemas_txn import WRITE_TXN_MARKERS
 from raftlog.quorum.interface import Quorum
 from raftlog.txn import coordinator as core
-from raftlog.txn.coordinator import CoordinatorPartitionState, TxnMetadata, TxnState
+from raftlog.txn.coordinator import CoordinatorPartitionState, TxnMetadata, TxnState, TxnStats
 from raftlog.txn.state_log import PERSIST_TIMEOUT_S, TxnStateLog
 from raftlog.txn.verification import ProduceVerifier
 
@@ -64,7 +64,8 @@ class TxnCompletion:
 
     def __init__(self, node_id: int, quorum: Quorum, manager: PartitionManager,
                  state_log: TxnStateLog, verifier: ProduceVerifier,
-                 pending_offsets: PendingOffsets | None, login: ClusterLogin | None) -> None:
+                 pending_offsets: PendingOffsets | None, login: ClusterLogin | None,
+                 stats: TxnStats | None = None) -> None:
         self.node_id = node_id
         self.quorum = quorum
         self.manager = manager
@@ -72,6 +73,7 @@ class TxnCompletion:
         self.verifier = verifier
         self.pending_offsets = pending_offsets
         self._login = login  # markers are cluster actions
+        self.stats = stats or TxnStats()
         self._completing: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._connections: dict[int, KafkaConnection] = {}
@@ -129,6 +131,7 @@ class TxnCompletion:
                         return
                     error = await self.state_log.persist(state, core.complete(metadata, now_ms()))
                 if not error:
+                    self.stats.completed.inc("commit" if commit else "abort")
                     log.info("transaction %r (producer %d, epoch %d) %s", txn_id,
                              metadata.producer_id, metadata.producer_epoch,
                              "committed" if commit else "aborted")
