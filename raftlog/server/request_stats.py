@@ -108,17 +108,19 @@ def request_name(api_name: str, body: Struct) -> str:
 def count_error_codes(body: Any, counts: dict[int, int]) -> None:
     """Adds every ``error_code`` in a response body (nested dicts, Structs, lists) to
     ``counts``. Records (bytes or file regions) are never looked into, and a list is walked
-    only when it holds structs (Kafka's arrays are homogeneous)."""
-    values = body._values if isinstance(body, Struct) else body
+    only when it holds structs (Kafka's arrays are homogeneous). Exact type checks, not
+    isinstance: this runs once per response."""
+    values = body._values if type(body) is Struct else body
+    code = values.get("error_code")
+    if code is not None:
+        counts[code] = counts.get(code, 0) + 1
     for key, value in values.items():
-        if key == "error_code":
-            if value is not None:
-                code = int(value)
-                counts[code] = counts.get(code, 0) + 1
-        elif key == "records":
-            continue
-        elif isinstance(value, dict | Struct):
+        kind = type(value)
+        if kind is list or kind is tuple:
+            if value:
+                first = type(value[0])
+                if first is dict or first is Struct:
+                    for item in value:
+                        count_error_codes(item, counts)
+        elif (kind is dict or kind is Struct) and key != "records":
             count_error_codes(value, counts)
-        elif isinstance(value, list | tuple) and value and isinstance(value[0], dict | Struct):
-            for item in value:
-                count_error_codes(item, counts)
