@@ -267,7 +267,8 @@ async def http_get(host: str, port: int, path: str, *, timeout_s: float = 5.0,
     (lower-case names) and body. For ``raftlog cluster up`` and tests.
 
     Raises:
-        OSError, trio.TooSlowError, h11.ProtocolError: no answer within ``timeout_s``.
+        OSError, trio.BrokenResourceError, h11.ProtocolError: no (complete) answer.
+        trio.TooSlowError: no answer within ``timeout_s``.
     """
     with trio.fail_after(timeout_s):
         stream = await trio.open_tcp_stream(host, port)

@@ -392,7 +392,7 @@ async def check_health(layout: ClusterLayout) -> None:
         try:
             status, _, body = await http_get(HOST, port, "/health/ready",
                                              timeout_s=REQUEST_TIMEOUT_S)
-        except (OSError, h11.ProtocolError) as exc:
+        except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
             raise ClusterError(f"node {node_id}: no health endpoint yet ({exc})") from exc
         if status != 200:
             reasons = body.decode(errors="replace").strip()
