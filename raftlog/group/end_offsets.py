@@ -20,7 +20,8 @@ from typing import Final
 
 import trio
 
-from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
+from raftlog.client.connection import ClusterLogin, KafkaClientError
+from raftlog.client.peers import PeerConnections, registered_address
 from raftlog.metadata.image import NO_LEADER
 from raftlog.partition.manager import PartitionManager
 from raftlog.protocol.schemas import LIST_OFFSETS
@@ -52,14 +53,15 @@ class RemoteEndOffsets:
         self.quorum = quorum
         self.manager = manager
         self._wanted = wanted
-        self._login = login
         self.interval_s = interval_s
         self.stale_after_s = 3 * interval_s + REQUEST_TIMEOUT_S
         self.max_partitions = max_partitions
         self._clock = clock
         # partition → (high watermark, when it was answered on ``clock``)
         self._values: dict[TopicPartition, tuple[int, float]] = {}
-        self._connections: dict[int, KafkaConnection] = {}
+        self._peers = PeerConnections(registered_address(lambda: quorum.image),
+                                      client_id=f"group-lag-{node_id}",
+                                      timeout_s=REQUEST_TIMEOUT_S, login=login)
 
     def get(self, topic: str, index: int) -> int | None:
         """The partition's high watermark as its leader last answered, unless stale."""
@@ -92,10 +94,7 @@ class RemoteEndOffsets:
                 await self.aclose()
 
     async def aclose(self) -> None:
-        connections = list(self._connections.values())
-        self._connections.clear()
-        for connection in connections:
-            await connection.aclose()
+        await self._peers.aclose()
 
     async def refresh(self) -> None:
         """One round: ask every leader of a remote partition for its high watermark."""
@@ -123,29 +122,12 @@ class RemoteEndOffsets:
         body = {"replica_id": -1, "isolation_level": 0, "topics": [
             {"name": name, "partitions": parts} for name, parts in topics.items()]}
         try:
-            connection = await self._connection(leader)
-            response = await connection.request(LIST_OFFSETS, body,
-                                                 timeout_s=REQUEST_TIMEOUT_S)
-        except (KafkaClientError, OSError) as exc:
+            response = await self._peers.request(leader, LIST_OFFSETS, body)
+        except KafkaClientError as exc:
             log.debug("ListOffsets to node %d for group lag failed: %s", leader, exc)
-            stale = self._connections.pop(leader, None)
-            if stale is not None:
-                await stale.aclose()
             return
         now = self._clock()
         for topic in response.topics:
             for result in topic.partitions:
                 if not result.error_code and result.offset >= 0:
                     self._values[(topic.name, result.partition_index)] = (result.offset, now)
-
-    async def _connection(self, node_id: int) -> KafkaConnection:
-        connection = self._connections.get(node_id)
-        if connection is None:
-            broker = self.quorum.image.brokers.get(node_id)
-            if broker is None:
-                raise KafkaClientError(f"node {node_id} is not registered")
-            connection = await KafkaConnection.connect(
-                broker.host, broker.port, client_id=f"group-lag-{self.node_id}",
-                timeout_s=REQUEST_TIMEOUT_S, login=self._login)
-            self._connections[node_id] = connection
-        return connection
