@@ -10,6 +10,8 @@
     raftlog quorum status --bootstrap-server HOST:PORT (the metadata quorum: voters, leader, lag)
     raftlog groups list|describe|delete|reset-offsets --bootstrap-server HOST:PORT [--group G]
     raftlog transactions list|describe|abort --bootstrap-server HOST:PORT [--transactional-id ID]
+    raftlog top [--metrics URL[,URL...] | --data-dir DIR] [--interval S] [--once]
+                                                       (live view from the nodes' /metrics)
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     from raftlog.tools import transactions as txn_cli
 
     txn_cli.add_parser(commands)
+    from raftlog.tools import top
+
+    top.add_parser(commands, DEFAULT_CLUSTER_DIR)
     return parser
 
 
@@ -175,6 +180,10 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.tools import transactions as txn_cli
 
         return txn_cli.run(args)
+    if args.command == "top":
+        from raftlog.tools import top
+
+        return top.run(args)
     if args.command == "demo":
         from raftlog.tools.demo import run_demo
 

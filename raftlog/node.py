@@ -5,7 +5,9 @@ Start-up order matters: the metadata quorum replays its log first (so topics are
 partitions this node hosts are opened and recovered from that image, and only then does the
 Kafka listener accept clients. Then the controller service (it acts only while this node is
 the ready controller), the broker lifecycle (registration and heartbeats), the replica manager
-(follower fetchers, ISR changes) and the producer-id manager start.
+(follower fetchers, ISR changes) and the producer-id manager start. With ``metrics.listener``
+set, the metrics and health endpoint (``raftlog.observe``) starts right after the Kafka
+listener; the listener records its requests in ``request_stats`` whether or not it does.
 
 The quorum is a ``LocalQuorum`` when ``controller.quorum.voters`` names only this node (a
 single combined node: its log is committed by one fsync and it registers and unfences itself
@@ -46,7 +48,10 @@ from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
 from raftlog.metadata.state import MetadataStateMachine
+from raftlog.observe.http import MetricsServer, endpoint_url
 from raftlog.observe.parts import NodeParts
+from raftlog.observe.registry import build_registry, metrics_settings
+from raftlog.observe.runtime import LoopMonitor
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.protocol.errors import ErrorCode
@@ -64,6 +69,7 @@ from raftlog.server.listener import (
     api_versions_body,
     serve_listener,
 )
+from raftlog.server.request_stats import RequestStats
 from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
 from raftlog.txn.apis import TxnApis, build_coordinator
 from raftlog.txn.coordinator_service import PendingOffsets, TxnSettings
@@ -99,6 +105,8 @@ class Node:
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
         self.kafka_port: int | None = None
+        self.metrics_port: int | None = None  # the bound metrics.listener port, when set
+        self.request_stats = RequestStats()  # what the Kafka listener records (metrics)
         self.quorum: Quorum | None = None
         self.controller: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None
@@ -199,7 +207,7 @@ class Node:
             config=config, quorum=quorum, manager=self.manager, cleaner=self.cleaner,
             replicas=replicas, apis=apis, controller=controller if config.is_controller else None,
             groups=groups if is_broker else None, txn=txn_service if is_broker else None,
-            ready=lambda: _registered_in_image(quorum, lifecycle, is_broker))
+            ready=lambda: not not_ready_reasons(quorum, lifecycle, config))
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()
         limits = ListenerLimits(
@@ -216,8 +224,11 @@ class Node:
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 self.kafka_port = await nursery.start(
-                    serve_listener, host, port, gate.wrap(handlers), limits
+                    serve_listener, host, port, gate.wrap(handlers), limits, self.request_stats
                 )
+                if config.metrics_listener is not None:
+                    await self._start_metrics(nursery, config.metrics_listener,
+                                              lambda: not_ready_reasons(quorum, lifecycle, config))
                 if config.is_controller:
                     await nursery.start(controller.run)
                 if is_broker:
@@ -234,6 +245,17 @@ class Node:
                 await channel.aclose()
             self.manager.close()
             log.info("node %d stopped", config.node_id)
+
+    async def _start_metrics(self, nursery: trio.Nursery, address: tuple[str, int],
+                             ready: Callable[[], list[str]]) -> None:
+        """The metrics and health endpoint on ``metrics.listener``, and the loop monitor."""
+        assert self.parts is not None
+        loop_monitor = LoopMonitor()
+        registry = build_registry(self.parts, metrics_settings(self.config), self.request_stats,
+                                  loop_monitor)
+        await nursery.start(loop_monitor.run)
+        self.metrics_port = await MetricsServer(registry, ready).start(nursery, *address)
+        log.info("metrics on %s/metrics", endpoint_url(address[0], self.metrics_port))
 
     async def controlled_shutdown(self, timeout_s: float = CONTROLLED_SHUTDOWN_TIMEOUT_S) -> None:
         """Move this broker's leaderships away before stopping (no-op when nobody can take
@@ -259,6 +281,21 @@ def _registered_in_image(quorum: Quorum, lifecycle: BrokerLifecycle, is_broker: 
         return True
     me = quorum.image.brokers.get(lifecycle.node_id)
     return me is not None and me.incarnation_id == lifecycle.incarnation_id
+
+
+def not_ready_reasons(quorum: Quorum, lifecycle: BrokerLifecycle,
+                      config: ServerConfig) -> list[str]:
+    """Why the node is not ready (``/health/ready``), empty once it is: a broker must be
+    registered, caught up to that registration and unfenced; a controller-only node must know
+    the quorum's leader."""
+    if "broker" not in config.process_roles:
+        return [] if quorum.leader_node_id is not None else ["no metadata quorum leader known"]
+    me = quorum.image.brokers.get(lifecycle.node_id)
+    if me is None:
+        return ["not registered"]
+    if me.incarnation_id != lifecycle.incarnation_id:
+        return ["metadata not caught up to this incarnation's registration"]
+    return ["fenced"] if me.fenced else []
 
 
 class _GroupPendingOffsets:

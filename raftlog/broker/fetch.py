@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import trio
 
 from raftlog.broker.partition_checks import check_leader_epoch, missing_partition_error
+from raftlog.metrics.recorders import Counter, CounterMap
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import describe_os_error
 from raftlog.partition.manager import PartitionManager
@@ -50,6 +51,38 @@ class FetchPlan:
         return self.replica_id >= 0
 
 
+class FetchStats:
+    """What the fetch path counts (read by ``raftlog.observe``): record bytes answered to
+    consumers per topic and to followers in all (Kafka's BrokerTopicMetrics BytesOutPerSec,
+    ReplicationBytesOutPerSec: the file regions of the responses returned, counted once
+    per Fetch), and the Fetch requests long-polling (the Fetch purgatory).
+
+    Keys are topic names; a deleted topic's stay (one integer each) and the collector
+    exports only topics the metadata still has."""
+
+    __slots__ = ("bytes_out", "replication_bytes_out", "waiting")
+
+    def __init__(self) -> None:
+        self.bytes_out = CounterMap()
+        self.replication_bytes_out = Counter()
+        self.waiting = 0
+
+    def count_served(self, plan: FetchPlan, body: Body) -> None:
+        """Count the records of the Fetch response ``body`` about to be returned."""
+        total = 0
+        for topic in body["responses"]:
+            size = 0
+            for partition in topic["partitions"]:
+                records = partition["records"]
+                if isinstance(records, list):
+                    size += sum(region.size_bytes for region in records)
+            if size and not plan.from_follower:
+                self.bytes_out.inc(topic["topic"], size)
+            total += size
+        if plan.from_follower and total:
+            self.replication_bytes_out.inc(total)
+
+
 class FetchApis:
     """The Fetch handler, bound to the partitions here and the replica manager that records
     followers' progress; ``gate`` admits only cluster members' replica fetches."""
@@ -60,6 +93,7 @@ class FetchApis:
         self.manager = manager
         self.replicas = replicas
         self.gate = gate
+        self.stats = FetchStats()
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -82,22 +116,29 @@ class FetchApis:
             replica_id=request.replica_id,
         )
         body, total_bytes, failed = self._read_fetch(plan, record=True)
+        stats = self.stats
         if request.max_wait_ms <= 0 or self._fetch_complete(plan, total_bytes, failed):
+            stats.count_served(plan, body)
             return body
         _close_regions(body)
         deadline = trio.current_time() + request.max_wait_ms / 1000
 
         async def long_poll() -> Body:
-            while True:
-                if plan.from_follower:  # followers want anything appended, not just the HW
-                    await self.manager.wait_for_append(deadline)
-                else:
-                    await self.manager.wait_for_data(deadline)
-                body, total_bytes, failed = self._read_fetch(plan, record=False)
-                if trio.current_time() >= deadline or \
-                        self._fetch_complete(plan, total_bytes, failed):
-                    return body
-                _close_regions(body)
+            stats.waiting += 1
+            try:
+                while True:
+                    if plan.from_follower:  # followers want anything appended, not the HW
+                        await self.manager.wait_for_append(deadline)
+                    else:
+                        await self.manager.wait_for_data(deadline)
+                    body, total_bytes, failed = self._read_fetch(plan, record=False)
+                    if trio.current_time() >= deadline or \
+                            self._fetch_complete(plan, total_bytes, failed):
+                        stats.count_served(plan, body)
+                        return body
+                    _close_regions(body)
+            finally:
+                stats.waiting -= 1
 
         return long_poll
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from raftlog.broker.partition_checks import missing_partition_error
+from raftlog.metrics.recorders import CounterMap
 from raftlog.partition.append import AppendOrigin
 from raftlog.partition.batch import (
     ATTRIBUTES_OFFSET,
@@ -53,6 +54,23 @@ _ATTRIBUTES = struct.Struct(">h")
 _BATCH_LENGTH = struct.Struct(">i")
 
 
+class ProduceStats:
+    """What the produce path counts (read by ``raftlog.observe``): per topic, the bytes and
+    records of client batches appended as leader (Kafka's BrokerTopicMetrics BytesInPerSec,
+    MessagesInPerSec; retried duplicates, refused and failed appends do not count), and the
+    acks=all Produce requests waiting for replication (the Produce purgatory).
+
+    Keys are topic names; a deleted topic's stay (one integer each) and the collector
+    exports only topics the metadata still has."""
+
+    __slots__ = ("bytes_in", "messages_in", "waiting")
+
+    def __init__(self) -> None:
+        self.bytes_in = CounterMap()
+        self.messages_in = CounterMap()
+        self.waiting = 0
+
+
 class ProduceApis:
     """The Produce handler and the leader's append path, bound to the partitions here.
 
@@ -65,6 +83,7 @@ class ProduceApis:
         self.quorum = quorum  # its image tells "not here" from "not the leader"
         self.manager = manager
         self.txn_produce_verifier = txn_produce_verifier
+        self.stats = ProduceStats()
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -121,16 +140,24 @@ class ProduceApis:
         if not waits and not verifying:
             return body
         deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
+        stats = self.stats
+        delayed = request.acks == -1  # Kafka's Produce purgatory holds acks=all only
 
         async def wait_until_acknowledged() -> Body:
-            for pending in verifying:
-                # The verification task always finishes (bounded by its own timeout).
-                await pending.verification.done.wait()
-                if pending.wait is not None:
-                    waits.append(pending.wait)
-            for wait in waits:
-                await wait.partition.wait_until(wait.settled, deadline)
-                wait.result["error_code"] = wait.error_code()
+            if delayed:
+                stats.waiting += 1
+            try:
+                for pending in verifying:
+                    # The verification task always finishes (bounded by its own timeout).
+                    await pending.verification.done.wait()
+                    if pending.wait is not None:
+                        waits.append(pending.wait)
+                for wait in waits:
+                    await wait.partition.wait_until(wait.settled, deadline)
+                    wait.result["error_code"] = wait.error_code()
+            finally:
+                if delayed:
+                    stats.waiting -= 1
             return body
 
         return wait_until_acknowledged
@@ -219,6 +246,11 @@ class ProduceApis:
             return _record_error(result, ErrorCode(appended.error), appended.message), None
         # Appended, or a retried batch already in the log (``duplicate``): answered with its
         # offsets once it is as durable as the producer asked (Kafka waits for both).
+        if not appended.duplicate:
+            # Client batches' offsets are dense (recordsCount == lastOffsetDelta + 1 is
+            # validated), so the offset span is the record count: no decoding.
+            self.stats.bytes_in.inc(topic, len(records))
+            self.stats.messages_in.inc(topic, appended.last_offset - appended.base_offset + 1)
         result["base_offset"] = appended.base_offset
         result["log_append_time_ms"] = appended.log_append_time_ms
         result["log_start_offset"] = partition.log.log_start_offset

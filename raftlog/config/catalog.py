@@ -105,6 +105,11 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     # preferred leaderships back while someone is still watching.
     "leader.imbalance.check.interval.seconds": "5",
     "controlled.shutdown.enable": "true",
+    # The Prometheus metrics and health endpoint (docs/metrics.md): http://HOST:PORT, off when
+    # absent (port 0 picks a free port); and the two opt-ins into per-partition series.
+    "metrics.listener": None,
+    "metrics.partition.detail.enable": "false",
+    "metrics.consumer.group.lag.partition.enable": "false",
 }
 
 # Kafka properties that are valid but mean nothing here (thread pools, socket buffers, internal

@@ -179,3 +179,28 @@ def parse_quorum_voters(
     if "controller" in roles and node_id not in {voter.node_id for voter in voters}:
         raise ConfigError("controller.quorum.voters", f"node.id {node_id} is not a voter")
     return voters
+
+
+_METRICS_PATTERN: Final = re.compile(r"http://(\[[0-9A-Fa-f:.]+\]|[^:\[\]/@?#\s]*):(\d+)/?",
+                                     re.IGNORECASE)
+
+
+def parse_metrics_listener(
+    text: str | None, listeners: tuple[Listener, ...] = ()
+) -> tuple[str, int] | None:
+    """``metrics.listener`` (``http://HOST:PORT``, plain HTTP only; an empty host binds every
+    interface, port 0 any free port) as (host, port), or None when it is not set. The port
+    must differ from every fixed port in ``listeners``."""
+    if text is None:
+        return None
+    match = _METRICS_PATTERN.fullmatch(text.strip())
+    if match is None and "://" in text and not text.lower().startswith("http://"):
+        raise ConfigError("metrics.listener", f"only plain http:// is supported, got {text!r}")
+    if match is None:
+        raise ConfigError("metrics.listener", f"expected http://HOST:PORT, got {text!r}")
+    host = match.group(1).strip("[]") or "0.0.0.0"
+    port = parse_int("metrics.listener", match.group(2), 0, PORT_MAX)
+    taken = {listener.port: listener.name for listener in listeners}
+    if port != 0 and port in taken:
+        raise ConfigError("metrics.listener", f"port {port} is the {taken[port]} listener's")
+    return host, port

@@ -26,6 +26,7 @@ from raftlog.config.listeners import (
     find_listener,
     parse_all_listeners,
     parse_inter_broker_name,
+    parse_metrics_listener,
     parse_quorum_voters,
 )
 from raftlog.config.properties import (
@@ -117,6 +118,10 @@ class ServerConfig:
     log_cleaner_min_compaction_lag_ms: int = 0
     log_retention_check_interval_ms: int = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
     queued_max_request_bytes: int = 100 << 20
+    # metrics.listener as (host, port), None when the metrics endpoint is off.
+    metrics_listener: tuple[str, int] | None = None
+    metrics_partition_detail_enable: bool = False
+    metrics_consumer_group_lag_partition_enable: bool = False
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -256,6 +261,10 @@ def _build(props: Properties) -> ServerConfig:
         # Kafka validates it with atLeast(1).
         log_retention_check_interval_ms=props.integer("log.retention.check.interval.ms", 1),
         queued_max_request_bytes=props.integer("queued.max.request.bytes"),
+        metrics_listener=parse_metrics_listener(props.text("metrics.listener"), listeners),
+        metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
+        metrics_consumer_group_lag_partition_enable=props.boolean(
+            "metrics.consumer.group.lag.partition.enable"),
     )
 
 

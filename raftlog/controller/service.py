@@ -39,10 +39,11 @@ from raftlog.controller.core import (
 )
 from raftlog.metadata import errors
 from raftlog.metadata.errors import wire_error_code
-from raftlog.metadata.image import PartitionImage
+from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
 from raftlog.metadata.placement import PlacementError
 from raftlog.metadata.records import FenceBroker, PartitionChange, ProducerIdBlock, UnfenceBroker
 from raftlog.metadata.state import ApplyResult
+from raftlog.metrics.recorders import Counter
 from raftlog.quorum.interface import (
     NotControllerError,
     ProposalTimeoutError,
@@ -90,6 +91,29 @@ def settings_from_config(config: ServerConfig) -> ControllerSettings:
     )
 
 
+class ControllerStats:
+    """Leader elections this node committed as controller (Kafka's ControllerStats
+    LeaderElectionRateAndTimeMs count, UncleanLeaderElectionsPerSec), read by
+    ``raftlog.observe``: a partition given a leader other than the one it had (a partition
+    left without one is no election); unclean when the new leader was outside its ISR."""
+
+    __slots__ = ("leader_elections", "unclean_leader_elections")
+
+    def __init__(self) -> None:
+        self.leader_elections = Counter()
+        self.unclean_leader_elections = Counter()
+
+    def count_election(self, before: MetadataImage, change: PartitionChange) -> None:
+        """``change`` committed; ``before`` is the image it was planned on (the
+        partition-epoch compare-and-set means it applied to exactly that state)."""
+        previous = before.partition(change.topic, change.partition)
+        if previous is None or change.leader in (NO_LEADER, previous.leader):
+            return
+        self.leader_elections.inc()
+        if change.leader not in previous.isr:
+            self.unclean_leader_elections.inc()
+
+
 @dataclass(frozen=True, slots=True)
 class AlterPartitionResult:
     """One partition's answer to AlterPartition: the error, and the state it now has."""
@@ -132,6 +156,7 @@ class ControllerService:
         self._term: _Term | None = None
         self._request_ids = itertools.count(1)
         self.terms_served = 0
+        self.stats = ControllerStats()
 
     # --- State ------------------------------------------------------------------------------
 
@@ -211,6 +236,8 @@ class ControllerService:
                     log.warning("controller proposal %s failed: %s", proposal.record, exc)
                     break
                 _log_outcome(proposal, result)
+                if result.ok and isinstance(proposal.record, PartitionChange):
+                    self.stats.count_election(image, proposal.record)
             with trio.move_on_after(self._tick_interval_s):
                 await term.wake.wait()
 

@@ -53,6 +53,7 @@ from raftlog.group.records import (
     encode_group_value,
     encode_key,
 )
+from raftlog.metrics.recorders import Counter
 from raftlog.protocol.errors import ErrorCode
 
 # The group core's interface: the coordinator and the model and offset checks its users need.
@@ -98,6 +99,7 @@ class GroupCoordinator:
         self.max_session_timeout_ms = max_session_timeout_ms
         self._new_member_id = new_member_id or random_member_id
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self.rebalances = Counter()  # generations started (raftlog_group_rebalances)
 
     # -- JoinGroup ---------------------------------------------------------------------------
 
@@ -272,6 +274,7 @@ class GroupCoordinator:
             self._remove(group, member)
         group.pending.clear()
         group.generation += 1
+        self.rebalances.inc()
         group.rebalance_deadline_ms = None
         group.initial_delay_until_ms = None
         group.state_timestamp_ms = now_ms

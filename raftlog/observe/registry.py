@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from raftlog.config import ServerConfig
 from raftlog.observe import cluster, groups, quorum, replication, requests, runtime, storage, txn
 from raftlog.observe.parts import MetricsSettings, NodeParts
+from raftlog.server.request_stats import RequestStats
+
+
+def metrics_settings(config: ServerConfig) -> MetricsSettings:
+    """The ``metrics.*`` opt-ins of ``config``."""
+    return MetricsSettings(
+        partition_detail=config.metrics_partition_detail_enable,
+        group_lag_per_partition=config.metrics_consumer_group_lag_partition_enable,
+    )
 
 
 def build_registry(
-    parts: NodeParts, settings: MetricsSettings, request_stats: requests.RequestStats,
+    parts: NodeParts, settings: MetricsSettings, request_stats: RequestStats,
     loop: runtime.LoopMonitor,
 ) -> CollectorRegistry:
     """A registry (not prometheus_client's global one: tests run several nodes in one
@@ -23,7 +33,7 @@ def build_registry(
         quorum.QuorumCollector(parts),
         groups.GroupCollector(parts, settings),
         txn.TxnCollector(parts),
-        runtime.RuntimeCollector(loop),
+        runtime.RuntimeCollector(loop, parts),
     ):
         registry.register(collector)
     runtime.register_process_collector(registry)

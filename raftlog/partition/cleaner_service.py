@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from raftlog.metrics.recorders import Counter
 from raftlog.partition.cleaner import (
     AbortedRanges,
     CleanSource,
@@ -67,7 +68,8 @@ class LogCleaner:
     def __init__(self, manager: PartitionManager, settings: CleanerSettings) -> None:
         self.manager = manager
         self.settings = settings
-        self.passes = 0  # passes that swapped at least one segment
+        self.passes = Counter()  # passes that completed, having swapped every segment
+        self.bytes_cleaned = Counter()  # bytes of the segments swapped out for cleaned ones
 
     async def run(self) -> None:
         if not self.settings.enable:
@@ -166,10 +168,11 @@ class LogCleaner:
             if not log.replace_segments([source.segment for source in group], cleaned):
                 return None
             partition.txns.merge_segments([source.segment.base_offset for source in group])
+            self.bytes_cleaned.inc(sum(source.size_bytes for source in group))
             bytes_after += cleaned.size_bytes
             segments_after += 1
         write_cleaner_checkpoint(log.directory, first_dirty_offset)
-        self.passes += 1
+        self.passes.inc()
         logger.info("partition %s-%d: cleaned %d segments (%d bytes) into %d (%d bytes), "
                     "first dirty offset now %d", partition.topic, partition.index,
                     len(mapped), bytes_before, segments_after, bytes_after, first_dirty_offset)

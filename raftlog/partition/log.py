@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.metrics.recorders import Counter
 from raftlog.partition.batch import (
     BatchHeader,
     assign_offsets,
@@ -103,6 +104,7 @@ class PartitionLog:
         segments: list[Segment],
         log_start_offset: int,
         epoch_cache: LeaderEpochCache | None = None,
+        deleted_segments: Counter | None = None,
     ) -> None:
         self.directory = directory
         self.config = config
@@ -111,7 +113,7 @@ class PartitionLog:
         self._flush = FlushState(log_start_offset)
         self._health = StorageHealth(directory.name, self._flush)
         self._retention = LogRetention(directory, self._segments, self._epoch_cache,
-                                       self._flush, self._health)
+                                       self._flush, self._health, deleted_segments)
         self._truncation = LogTruncation(directory, self._segments, self._epoch_cache,
                                          self._flush, self._health, self._retention)
         self._closed = False
@@ -123,16 +125,18 @@ class PartitionLog:
                                        None] | None = None
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+    def open(cls, directory: Path, config: LogConfig, now_ms: int, *,
+             deleted_segments: Counter | None = None) -> PartitionLog:
         """Open (or create) the log in ``directory`` and recover it after a crash
-        (``log_recovery``).
+        (``log_recovery``). ``deleted_segments`` counts the segments retention and log-start
+        moves delete (the owner's metric; one Counter may serve many logs).
 
         Blocking: scans and CRC-checks the active segment, truncates a torn tail, then fsyncs
         every segment and the directory so that ``flushed_offset == log_end_offset``.
         """
         recovered = recover_log(directory, config, now_ms)
         log = cls(directory, config, recovered.segments, recovered.log_start_offset,
-                  recovered.epoch_cache)
+                  recovered.epoch_cache, deleted_segments)
         ticket = log.begin_flush()
         assert ticket is not None, "a freshly opened log has never been synced"
         ticket.run()
@@ -166,7 +170,12 @@ class PartitionLog:
 
     @property
     def size_bytes(self) -> int:
+        """Bytes of every segment's data (memory only: no stat)."""
         return sum(segment.size_bytes for segment in self._segments.view)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments.view)
 
     @property
     def segment_base_offsets(self) -> list[int]:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from raftlog.metrics.recorders import Counter
 from raftlog.partition.epoch_cache import LeaderEpochCache
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.files import fsync_directory
@@ -32,10 +33,14 @@ logger = logging.getLogger(__name__)
 
 class LogRetention:
     """Moves the start of the log in ``directory`` and deletes what falls below it. Shares
-    the log's segment list, epoch cache, flush state and health with ``PartitionLog``."""
+    the log's segment list, epoch cache, flush state and health with ``PartitionLog``;
+    ``deleted_segments`` counts the segments it takes out of the log (retention, DeleteRecords,
+    a follower adopting the leader's log start)."""
 
     def __init__(self, directory: Path, segments: SegmentList, epoch_cache: LeaderEpochCache,
-                 flush: FlushState, health: StorageHealth) -> None:
+                 flush: FlushState, health: StorageHealth,
+                 deleted_segments: Counter | None = None) -> None:
+        self.deleted_segments = Counter() if deleted_segments is None else deleted_segments
         self._directory = directory
         self._segments = segments
         self._epoch_cache = epoch_cache
@@ -153,6 +158,7 @@ class LogRetention:
         doomed = self._segments.drop_leading(count)
         if not doomed:
             return
+        self.deleted_segments.inc(len(doomed))
         self._flush.note_directory_change()
         failed: OSError | None = None
         for segment in doomed:

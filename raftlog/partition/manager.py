@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import trio
 
 from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
+from raftlog.metrics.recorders import Counter, Histogram
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.log import (
     FlushTicket,
@@ -46,7 +48,7 @@ from raftlog.partition.producer_state import (
     PRODUCER_ID_EXPIRATION_MS_DEFAULT,
 )
 
-__all__ = ["FLUSH_POLL_INTERVAL_S", "PartitionManager", "log_config_for"]
+__all__ = ["FLUSH_POLL_INTERVAL_S", "PartitionManager", "StorageStats", "log_config_for"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,19 @@ def log_config_for(configs: Mapping[str, str]) -> LogConfig:
     )
 
 
+class StorageStats:
+    """What the manager records for the metrics (``raftlog.observe.storage`` reads it)."""
+
+    __slots__ = ("deleted_segments", "flush_ms")
+
+    def __init__(self) -> None:
+        # One group-commit round's fsyncs, timed on the trio side around the worker thread.
+        self.flush_ms = Histogram()
+        # Segments deleted by retention, DeleteRecords or a follower adopting the leader's
+        # log start (every log of this manager counts into it).
+        self.deleted_segments = Counter()
+
+
 class PartitionManager:
     """Owns every local partition of the node and the tasks that maintain them."""
 
@@ -112,6 +127,7 @@ class PartitionManager:
         # Whether a follower counts for the HW while joining: set by the ReplicaManager.
         self.is_replica_eligible: Callable[[int], bool] = lambda node_id: True
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
+        self.stats = StorageStats()
         # log.retention.check.interval.ms, producer.id.expiration.ms and
         # producer.id.expiration.check.interval.ms (server.properties).
         self.retention_check_interval_ms = retention_check_interval_ms
@@ -133,7 +149,8 @@ class PartitionManager:
         if existing is not None:
             return existing
         directory = self.data_dir / f"{topic}-{index}"
-        partition_log = PartitionLog.open(directory, log_config_for(configs), now_ms())
+        partition_log = PartitionLog.open(directory, log_config_for(configs), now_ms(),
+                                          deleted_segments=self.stats.deleted_segments)
         partition = Partition(topic, index, partition_log, leader_epoch,
                               leader_id=self.node_id, replicas=(self.node_id,),
                               isr=(self.node_id,), on_append=self.note_append)
@@ -270,7 +287,10 @@ class PartitionManager:
                 continue
             if ticket is not None:
                 tickets.append((partition, ticket))
+        started = time.perf_counter()
         failures = await trio.to_thread.run_sync(_run_tickets, [t for _, t in tickets])
+        if tickets:
+            self.stats.flush_ms.observe((time.perf_counter() - started) * 1000)
         self.flush_rounds += 1
         for (partition, ticket), failure in zip(tickets, failures, strict=True):
             if partition.deleted:

@@ -81,6 +81,7 @@ class LeaderState:
         self.node_id = node_id
         self.leader_epoch = leader_epoch
         self.epoch_start_offset = epoch_start_offset  # the LEO when this epoch began
+        self.started_ms = now_ms  # when this leadership began (the metrics' lag floor)
         self.isr: tuple[int, ...] = tuple(isr)
         self.partition_epoch = partition_epoch
         self.pending: PendingIsr | None = None

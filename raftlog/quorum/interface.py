@@ -11,6 +11,7 @@ returns the first result instead of applying it twice.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -19,6 +20,11 @@ from raftlog.metadata.records import Record
 from raftlog.metadata.state import ApplyResult
 
 PROPOSE_TIMEOUT_S_DEFAULT: Final = 5.0
+# The kinds ``Quorum.error_counts`` reports, always all of them: proposals and read barriers
+# that timed out (or whose outcome a leader change made unknown); Raft connections refused
+# (authentication, oversized frames, handshake timeouts) or lost once established; failed
+# writes or fsyncs of the metadata log, its term/vote file or snapshots.
+QUORUM_ERROR_KINDS: Final = ("proposal_timeout", "transport", "storage")
 
 
 class QuorumError(Exception):
@@ -91,6 +97,15 @@ class Quorum(Protocol):
 
     def status(self) -> QuorumStatus:
         """Voters, leader, term, commit and applied index, per-voter lag."""
+        ...
+
+    def leader_contact_age_s(self) -> float:
+        """Seconds since this node last heard from the Raft leader (0 on the leader; before
+        any contact, since the quorum was built). Cheap: read at every metrics scrape."""
+        ...
+
+    def error_counts(self) -> Mapping[str, int]:
+        """Quorum-side failures so far, by each of :data:`QUORUM_ERROR_KINDS` (monotonic)."""
         ...
 
     async def propose(

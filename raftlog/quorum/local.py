@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +34,7 @@ from raftlog.metadata.records import (
     encode_command,
 )
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
+from raftlog.metrics.recorders import Counter
 from raftlog.quorum import logfile
 from raftlog.quorum.interface import (
     PROPOSE_TIMEOUT_S_DEFAULT,
@@ -126,6 +127,8 @@ class LocalQuorum:
         self._closed = False
         self.fsync_count = 0
         self.snapshot_count = 0
+        self._proposal_timeouts = Counter()
+        self._storage_errors = Counter()  # failed commits (fail-stop) and checkpoints
 
     # --- Lifecycle --------------------------------------------------------------------------
 
@@ -213,6 +216,15 @@ class LocalQuorum:
             voters=voters,
         )
 
+    def leader_contact_age_s(self) -> float:
+        """Always 0: this node is the only voter, hence the leader."""
+        return 0.0
+
+    def error_counts(self) -> Mapping[str, int]:
+        """Proposal timeouts and storage errors (there is no transport)."""
+        return {"proposal_timeout": self._proposal_timeouts.value, "transport": 0,
+                "storage": self._storage_errors.value}
+
     async def propose(
         self,
         record: Record,
@@ -283,6 +295,7 @@ class LocalQuorum:
     def _withdraw_or_raise(self, proposal: _Proposal, timeout_s: float) -> None:
         if proposal.done:
             return
+        self._proposal_timeouts.inc()
         if proposal in self._pending:
             self._pending.remove(proposal)
             raise ProposalTimeoutError(
@@ -312,6 +325,7 @@ class LocalQuorum:
             except BaseException as exc:
                 # A failed write or fsync leaves the file in an unknown state (and after a failed
                 # fsync the page cache may lie), so stop taking writes; a restart replays the log.
+                self._storage_errors.inc()
                 self._failure = QuorumFailedError(f"metadata log commit failed: {exc!r}")
                 self._fail(batch, self._failure)
                 raise self._failure from exc
@@ -390,6 +404,7 @@ class LocalQuorum:
                 await trio.to_thread.run_sync(self._compact_sync, version)
             except OSError:
                 # The log still holds everything; try again after the next batch.
+                self._storage_errors.inc()
                 logger.exception("metadata checkpoint at %d failed; keeping the log", version)
                 return
         self._snapshot_version = version

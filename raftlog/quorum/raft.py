@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
@@ -52,6 +52,7 @@ from raftlog.config import QuorumVoter, ServerConfig
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.records import BecomeController, Command, Record, encode_command
 from raftlog.metadata.state import ApplyResult, MetadataStateMachine
+from raftlog.metrics.recorders import Counter
 from raftlog.quorum import logfile
 from raftlog.quorum.interface import (
     PROPOSE_TIMEOUT_S_DEFAULT,
@@ -144,6 +145,7 @@ class RaftQuorum:
         self._sync: RaftSyncObj | None = None
         self._bridge: TrioBridge | None = None
         self._failure: QuorumFailedError | None = None
+        self._proposal_timeouts = Counter()  # proposals and barriers (trio thread only)
         self._opened = False
         self._closed = False
 
@@ -351,12 +353,16 @@ class RaftQuorum:
                 await waiter.done.wait()
         finally:
             self._waiters.discard(waiter)
-        if not waiter.done.is_set():
-            raise ProposalTimeoutError(
-                f"proposal not committed within {timeout_s} s; it may still apply",
-                outcome_unknown=True,
-            )
-        result = outcome(waiter, "proposal", self._not_controller)
+        try:
+            if not waiter.done.is_set():
+                raise ProposalTimeoutError(
+                    f"proposal not committed within {timeout_s} s; it may still apply",
+                    outcome_unknown=True,
+                )
+            result = outcome(waiter, "proposal", self._not_controller)
+        except QuorumTimeoutError:
+            self._proposal_timeouts.inc()
+            raise
         assert isinstance(result, ApplyResult), result
         return result
 
@@ -384,6 +390,7 @@ class RaftQuorum:
                 if barrier.seq >= needed:
                     break
         if barrier is None or not barrier.waiter.done.is_set():
+            self._proposal_timeouts.inc()
             raise QuorumTimeoutError(f"read barrier did not commit within {timeout_s} s")
         outcome(barrier.waiter, "read barrier", self._not_controller)
         return self._image
@@ -410,6 +417,20 @@ class RaftQuorum:
         sync = self._sync
         view = None if sync is None else sync.view
         return self._members.status(view, self._image, self.controller_ready)
+
+    def leader_contact_age_s(self) -> float:
+        """Seconds since the Raft leader was last heard from (0 on the leader)."""
+        sync = self._sync
+        return 0.0 if sync is None else sync.leader_contact_age_s()
+
+    def error_counts(self) -> Mapping[str, int]:
+        """Timed-out proposals/barriers, refused or lost links, failed journal writes."""
+        sync = self._sync
+        return {
+            "proposal_timeout": self._proposal_timeouts.value,
+            "transport": 0 if sync is None else sync.transport.error_count,
+            "storage": 0 if sync is None else sync.storage_errors,
+        }
 
     # --- Extras -------------------------------------------------------------------------------
 
@@ -562,7 +583,6 @@ class RaftQuorum:
                 await self._changed.wait()
             return self._image
         raise QuorumTimeoutError(f"metadata did not change as awaited within {timeout_s} s")
-
 
 
 def _close_wakeup_pipe(sync: Any) -> None:

@@ -151,6 +151,9 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         self._raft_next_keepalive = 0.0
         self._raft_become_pending: int | None = None
         self._raft_view: RaftView | None = None
+        # Metrics, written by the tick thread only (plain attribute writes, read anywhere).
+        self.leader_contact_at = monotonic_time()  # last AppendEntries from a leader
+        self.storage_errors = 0  # ticks that failed on a journal or snapshot write
         conf.onStateChanged = self._raft_on_state_changed
         conf.serializer = self._raft_snapshots.serialize
         conf.deserializer = self._raft_snapshots.deserialize
@@ -195,6 +198,14 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         """Why this node stopped applying, if it did."""
         return self._raft_failure
 
+    def leader_contact_age_s(self) -> float:
+        """Seconds since an AppendEntries (or heartbeat) from the leader arrived; 0 while this
+        node leads. Thread-safe (two attribute reads)."""
+        if self._SyncObj__raftState == LEADER:
+            return 0.0
+        age: float = monotonic_time() - self.leader_contact_at
+        return max(0.0, age)
+
     @property
     def transport(self) -> RaftTransport:
         """The transport (for its counters)."""
@@ -219,10 +230,14 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
                 return
         journal = self._raft_journal
         assert journal is not None
-        # Durability: the leader counts its own entries at the start of the tick (commit index
-        # computation), so everything it appended must be on disk first.
-        journal.flush()
-        super()._onTick(timeToWait)
+        try:
+            # Durability: the leader counts its own entries at the start of the tick (commit
+            # index computation), so everything it appended must be on disk first.
+            journal.flush()
+            super()._onTick(timeToWait)
+        except (OSError, RaftStorageError):  # pysyncobj logs it and ticks again
+            self.storage_errors += 1
+            raise
         if self._SyncObj__transport.ready and not self._SyncObj__needLoadDumpFile:
             self._raft_started = True
         self._raft_maybe_become_controller()
@@ -325,6 +340,8 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         )
 
     def _raft_on_state_changed(self, old_state: int, new_state: int) -> None:
+        if old_state == LEADER:  # it heard from the leader (itself) until now
+            self.leader_contact_at = monotonic_time()
         self._raft_listener.on_state_changed(old_state, new_state)
 
     def _raft_fail(self, error: BaseException) -> None:
@@ -359,6 +376,7 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
     def _raft_on_append_entries(self, node: Any, message: dict[str, Any]) -> None:
         """pysyncobj's follower AppendEntries handling, corrected (see the module docstring)."""
         term = message["term"]
+        self.leader_contact_at = monotonic_time()
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__transferInProgress = False
         if not self._SyncObj__transferInProgress:
@@ -501,6 +519,7 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         try:
             snapshot = snapshots.on_disk()
         except (RaftStorageError, OSError) as exc:
+            self.storage_errors += 1
             self._raft_fail(RaftApplyError(f"snapshot {snapshots.path} is unusable: {exc}"))
             return
         if snapshot is not None:

@@ -231,12 +231,17 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]
         rejected_count: Messages refused because they failed authentication.
         refused_frames: Connections closed for declaring a frame over their limit.
         handshakes_timed_out: Incoming connections closed for not proving the secret in time.
+        links_lost: Established links to voters that dropped (not failed connect attempts).
+
+    The counters are plain ints written by the tick thread only (others may read them).
     """
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         self.rejected_count = 0
         self.refused_frames = 0
         self.handshakes_timed_out = 0
+        self.links_lost = 0
+        self._linked: set[Any] = set()  # voters with an established link
         self._refusals = _RefusalLog()
         self._observer_id: str | None = getattr(syncObj, "_raft_observer_id", None)
         super().__init__(syncObj, selfNode, otherNodes)
@@ -266,7 +271,24 @@ class RaftTransport(TCPTransport):  # type: ignore[misc]
                 conn.peer, declared, limit,
             )  # fmt: skip
 
+    @property
+    def error_count(self) -> int:
+        """Connections refused or lost so far (the quorum's ``transport`` errors)."""
+        return (self.rejected_count + self.refused_frames + self.handshakes_timed_out
+                + self.links_lost)
+
     # --- Connections --------------------------------------------------------------------------
+
+    def _onNodeConnected(self, node: Any) -> None:
+        self._linked.add(node)
+        super()._onNodeConnected(node)
+
+    def _onNodeDisconnected(self, node: Any) -> None:
+        # pysyncobj also calls this after every failed connect attempt: count only real links.
+        if node in self._linked:
+            self._linked.discard(node)
+            self.links_lost += 1
+        super()._onNodeDisconnected(node)
 
     def addNode(self, node: Any) -> None:
         super().addNode(node)

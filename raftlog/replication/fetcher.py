@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import trio
 
 from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
+from raftlog.metrics.recorders import Counter
 from raftlog.partition.append import AppendOrigin
 from raftlog.partition.batch import BATCH_LENGTH_OFFSET, LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from raftlog.partition.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -28,7 +29,7 @@ from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
 from raftlog.replication.settings import PartitionKey, ReplicationSettings
 
-__all__ = ["Follower", "FollowerAssignment", "LeaderFetcher"]
+__all__ = ["FetcherStats", "Follower", "FollowerAssignment", "LeaderFetcher"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,19 @@ _METADATA_ERRORS = frozenset({
 })
 
 
+class FetcherStats:
+    """What this node's replica fetchers did as a follower, over every leader (Kafka's
+    FetcherStats and BrokerTopicMetrics ReplicationBytesInPerSec), read by
+    ``raftlog.observe``: Fetch requests sent, record bytes they returned, bytes appended."""
+
+    __slots__ = ("appended_bytes", "fetched_bytes", "requests")
+
+    def __init__(self) -> None:
+        self.requests = Counter()
+        self.fetched_bytes = Counter()
+        self.appended_bytes = Counter()
+
+
 class Follower(Protocol):
     """What a fetcher needs from the replica manager that runs it."""
 
@@ -62,6 +76,7 @@ class Follower(Protocol):
     manager: PartitionManager
     settings: ReplicationSettings
     login: ClusterLogin | None
+    fetcher_stats: FetcherStats
 
     def is_following(self, assignment: FollowerAssignment) -> bool: ...
 
@@ -78,6 +93,9 @@ class FollowerAssignment:
     leader_epoch: int
     needs_truncation: bool = True
     delayed_until: float = 0.0  # trio time; backoff after an error
+    # The leader's high watermark in its latest Fetch answer (-1: none yet): the follower's
+    # lag is how far its log end is behind it (Kafka's FetcherLagStats).
+    leader_high_watermark: int = -1
 
     @property
     def key(self) -> PartitionKey:
@@ -91,6 +109,7 @@ class LeaderFetcher:
         self.replicas = replicas
         self.manager = replicas.manager
         self.settings = replicas.settings
+        self.stats = replicas.fetcher_stats
         self.leader_id = leader_id
         self.assignments: dict[PartitionKey, FollowerAssignment] = {}
         self.cancel_scope = trio.CancelScope()
@@ -328,6 +347,7 @@ class LeaderFetcher:
                 "partition_max_bytes": self.settings.fetch_max_bytes,
             })
         wait_s = self.settings.fetch_wait_max_ms / 1000
+        self.stats.requests.inc()
         response = await self._request(connection, FETCH, {
             "replica_id": self.replicas.node_id,
             "max_wait_ms": self.settings.fetch_wait_max_ms,
@@ -363,7 +383,7 @@ class LeaderFetcher:
                         self.settings.fetch_backoff_ms / 1000)
                 elif result.error_code != ErrorCode.NONE:
                     self._back_off(answered, result.error_code, "Fetch")
-                elif self._append(answered, result.records):
+                elif self._append(answered, result.records, result.high_watermark):
                     appended.append((answered, answered.partition.log.log_end_offset,
                                      result.high_watermark, result.log_start_offset))
         await self._sync_and_advance(appended)
@@ -379,9 +399,13 @@ class LeaderFetcher:
             if self._current(assignment):
                 await self._handle_out_of_range(connection, assignment)
 
-    def _append(self, assignment: FollowerAssignment, records: memoryview | None) -> bool:
+    def _append(self, assignment: FollowerAssignment, records: memoryview | None,
+                leader_high_watermark: int = -1) -> bool:
         """Append a fetch answer's batches; False after an error (the partition backs off)."""
         partition = assignment.partition
+        assignment.leader_high_watermark = leader_high_watermark
+        if records is not None:
+            self.stats.fetched_bytes.inc(len(records))
         data = _whole_batches(records)
         if not data:
             return True  # nothing new: still learn the leader's HW
@@ -397,6 +421,7 @@ class LeaderFetcher:
                       partition.topic, partition.index, exc)
             assignment.delayed_until = trio.current_time() + self.settings.fetch_backoff_ms / 1000
             return False
+        self.stats.appended_bytes.inc(len(data))
         return True
 
     async def _sync_and_advance(

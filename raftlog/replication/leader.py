@@ -17,13 +17,14 @@ import trio
 
 from raftlog.metadata import errors as metadata_errors
 from raftlog.metadata.image import PartitionImage
+from raftlog.metrics.recorders import Counter
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.partition import Partition, now_ms
 from raftlog.partition.replica_state import LeaderState, PendingIsr
 from raftlog.protocol.errors import ErrorCode
 from raftlog.replication.settings import ReplicationSettings
 
-__all__ = ["AlterIsr", "IsrManager"]
+__all__ = ["AlterIsr", "IsrManager", "IsrStats"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,17 @@ _DEFINITIVE_ALTER_ERRORS = frozenset({
 })
 
 
+class IsrStats:
+    """ISR changes of partitions this node leads that the controller committed (Kafka's
+    ReplicaManager IsrShrinksPerSec / IsrExpandsPerSec), read by ``raftlog.observe``."""
+
+    __slots__ = ("expands", "shrinks")
+
+    def __init__(self) -> None:
+        self.shrinks = Counter()
+        self.expands = Counter()
+
+
 class IsrManager:
     """Follower positions and ISR changes of the partitions this node leads. ``run`` (in
     the replica manager's nursery) runs the ISR checks and the AlterPartition requests; until
@@ -58,6 +70,7 @@ class IsrManager:
         self.settings = settings
         self.alter_isr = alter_isr
         self.is_eligible = is_eligible
+        self.stats = IsrStats()
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -129,14 +142,17 @@ class IsrManager:
             if state.pending is None:
                 return
             proposed = state.isr  # settle a failed change whose outcome is unknown
+        # A shrink or an expansion of the committed ISR (a retry that settles a change whose
+        # outcome is unknown proposes the committed ISR itself: neither).
+        growth = len(proposed) - len(state.isr)
         pending = state.begin_change(proposed, now)
         log.info("partition %s-%d: asking to change the ISR %s -> %s (partition epoch %d)",
                  partition.topic, partition.index, list(state.isr), list(proposed),
                  pending.partition_epoch)
-        self._nursery.start_soon(self._send_alter_isr, partition, state, pending)
+        self._nursery.start_soon(self._send_alter_isr, partition, state, pending, growth)
 
     async def _send_alter_isr(self, partition: Partition, state: LeaderState,
-                              pending: PendingIsr) -> None:
+                              pending: PendingIsr, growth: int = 0) -> None:
         assert self.alter_isr is not None
         try:
             with trio.fail_after(self.settings.alter_isr_timeout_ms / 1000):
@@ -151,6 +167,10 @@ class IsrManager:
         if partition.leader_state is not state:
             return  # no longer leading this epoch; metadata has taken over
         if error == ErrorCode.NONE:
+            if growth < 0:
+                self.stats.shrinks.inc()
+            elif growth > 0:
+                self.stats.expands.inc()
             if committed is not None and committed.leader == self.node_id and \
                     committed.leader_epoch == state.leader_epoch:
                 partition.take_committed_isr(committed.isr, committed.partition_epoch)

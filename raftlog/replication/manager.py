@@ -29,7 +29,7 @@ from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
 from raftlog.partition.files import write_atomically
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.partition import Partition, now_ms
-from raftlog.replication.fetcher import FollowerAssignment, LeaderFetcher
+from raftlog.replication.fetcher import FetcherStats, FollowerAssignment, LeaderFetcher
 from raftlog.replication.leader import AlterIsr, IsrManager
 from raftlog.replication.settings import PartitionKey, ReplicationSettings
 
@@ -69,6 +69,8 @@ class ReplicaManager:
         self._may_lead_logged: bool | None = None
         self.image: MetadataImage | None = None
         self.fetchers: dict[int, LeaderFetcher] = {}
+        # What every fetcher of this node did as a follower (raftlog.observe reads it).
+        self.fetcher_stats = FetcherStats()
         self._followed: dict[PartitionKey, FollowerAssignment] = {}
         self._nursery: trio.Nursery | None = None
         self._hw_checkpoint_path = manager.data_dir / HW_CHECKPOINT

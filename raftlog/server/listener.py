@@ -8,6 +8,9 @@ later (waiting for fsync, a long-poll fetch, a quorum commit); those run concurr
 writer sends slots strictly in request order, as Kafka requires. The slot queue is bounded,
 which is the per-connection back-pressure.
 
+Each request's stage times, its error codes and the connection counts go to the listener's
+``RequestStats`` (``request_stats.py``), which the metrics endpoint reads.
+
 Node-wide, the bytes of requests being read or handled share one budget,
 ``queued.max.request.bytes`` (``request_memory.py``): a frame's buffer is allocated as its
 bytes arrive, each chunk only once the budget allows it, and the frame counts until its
@@ -21,6 +24,7 @@ import logging
 import math
 import os
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +44,7 @@ from raftlog.server.request_memory import (
     FrameLease,
     RequestMemory,
 )
+from raftlog.server.request_stats import RequestStats, request_name
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,8 @@ SEND_TIMEOUT_S = 30.0
 # Frames up to this size get a buffer of their exact size; bigger ones start in a recycled
 # buffer of FRAME_BUFFER_BYTES (see request_memory.py).
 SMALL_FRAME_BYTES = 64 << 10
+LISTENER_NAME = "PLAINTEXT"  # the one client listener there is (the metrics label)
+_now = time.perf_counter_ns  # request stage instants (request_stats.py)
 
 Body = dict[str, Any]
 Deferred = Callable[[], Awaitable[Body | None]]
@@ -89,9 +96,14 @@ class _Slot:
     version: int
     correlation_id: int
     lease: FrameLease  # the request's bytes, counted until its handler is done with them
+    read: int  # perf_counter_ns instants of the request's stages (request_stats.py)
     done: trio.Event = field(default_factory=trio.Event)
     body: Body | None = None
     respond: bool = True
+    name: str = ""  # the metrics' request name (Fetch is FetchConsumer or FetchFollower)
+    start: int = 0
+    local: int = 0
+    ready: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,19 +120,25 @@ class ConnectionClosed(Exception):
 async def serve_connection(
     stream: trio.SocketStream, handlers: dict[int, Handler], limits: ListenerLimits,
     memory: RequestMemory | None = None,
+    stats: RequestStats | None = None,
+    listener: str = LISTENER_NAME,
 ) -> None:
     """Serves one client connection until it closes, idles out or breaks the protocol.
 
-    ``memory`` is the node's budget of request bytes, shared by all its connections.
+    ``memory`` is the node's budget of request bytes, shared by all its connections;
+    ``stats`` records its requests and counts it under ``listener``.
     """
     peer = _peer_name(stream)
     session = Session(peer)
     if memory is None:
         memory = RequestMemory(limits.queued_request_bytes_max)
+    if stats is None:
+        stats = RequestStats()
+    stats.connection_opened(listener)
     send_slots, receive_slots = trio.open_memory_channel[_Slot](INFLIGHT_REQUESTS_MAX)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_write_responses, stream, receive_slots, peer)
+            nursery.start_soon(_write_responses, stream, receive_slots, stats)
             async with send_slots:
                 await _read_requests(stream, handlers, limits, send_slots, nursery, session,
                                      memory)
@@ -135,6 +153,7 @@ async def serve_connection(
         log.error("closing connection from %s after an internal error", peer,
                   exc_info=group.exceptions[0])
     finally:
+        stats.connection_closed(listener)
         with trio.move_on_after(1) as cleanup:
             cleanup.shield = True
             await stream.aclose()
@@ -193,8 +212,9 @@ async def _next_request(
     frame = await reader.next_frame()
     if frame is None:
         return None
+    read = _now()
     try:
-        slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease)
+        slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease, read)
     except BaseException:
         frame.lease.release()
         raise
@@ -223,7 +243,7 @@ def _is_viewed(data: bytearray) -> bool:
 
 def _dispatch(
     frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session,
-    lease: FrameLease,
+    lease: FrameLease, read: int,
 ) -> _Slot:
     key, version, correlation_id = codec.peek_request_header(frame)
     api = APIS_BY_KEY.get(key)
@@ -233,12 +253,13 @@ def _dispatch(
         # Kafka: after a failed authentication, or during a SASL exchange, any other request
         # closes the connection.
         raise ConnectionClosed(f"{api.name} not allowed in SASL state {session.sasl_state.value}")
-    slot = _Slot(api, version, correlation_id, lease)
+    slot = _Slot(api, version, correlation_id, lease, read, name=api.name)
     if not api.supports(version):
         if api is API_VERSIONS:
             # KIP-511: answer with a v0 body carrying UNSUPPORTED_VERSION and our ranges.
             slot.version = 0
             slot.body = api_versions_body(ErrorCode.UNSUPPORTED_VERSION, handlers)
+            slot.start = slot.local = slot.ready = _now()
             slot.done.set()
             return slot
         raise ConnectionClosed(f"unsupported {api.name} version {version}")
@@ -247,7 +268,10 @@ def _dispatch(
         body = codec.decode(api, version, frame[pos:], is_request=True, allow_trailing=True)
     except DecodeError as exc:
         raise ConnectionClosed(f"malformed {api.name} v{version} request: {exc}") from exc
+    slot.name = request_name(api.name, body)
+    slot.start = _now()
     result = handlers[key](RequestContext(api, header, body, session.peer, session))
+    slot.local = slot.ready = _now()
     _complete(slot, result, nursery)
     return slot
 
@@ -267,6 +291,7 @@ async def _finish_deferred(slot: _Slot, deferred: Deferred) -> None:
     try:
         body = await deferred()
     finally:
+        slot.ready = _now()
         slot.done.set()  # the writer must never wait forever on a failed handler
         slot.lease.release()
     if body is None:
@@ -410,18 +435,23 @@ class _FrameReader:
 
 
 async def _write_responses(
-    stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot], peer: str
+    stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot], stats: RequestStats
 ) -> None:
     async with slots:
         async for slot in slots:
             await slot.done.wait()
+            taken = _now()
             if not slot.respond:
+                stats.record(slot.name, None, slot.read, slot.start, slot.local, slot.ready,
+                             taken, taken)
                 continue
             if slot.body is None:
                 raise ConnectionClosed(f"{slot.api.name} handler failed")
             chunks = _encode_response(slot)
             with trio.fail_after(SEND_TIMEOUT_S):
                 await _send_chunks(stream, chunks)
+            stats.record(slot.name, slot.body, slot.read, slot.start, slot.local, slot.ready,
+                         taken, _now())
 
 
 def _encode_response(slot: _Slot) -> list[bytes | bytearray | memoryview | Region]:
@@ -490,18 +520,22 @@ async def serve_listener(
     port: int,
     handlers: dict[int, Handler],
     limits: ListenerLimits,
+    stats: RequestStats | None = None,
     *,
+    listener: str = LISTENER_NAME,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listens on host:port and serves every connection in this task's own nursery."""
+    """Listens on host:port and serves every connection in this task's own nursery,
+    recording requests and connections in ``stats`` (the node's; a fresh one by default)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
     log.info("Kafka listener on %s:%d", host, bound_port)
 
     memory = RequestMemory(limits.queued_request_bytes_max)  # one budget for the node
+    request_stats = RequestStats() if stats is None else stats
 
     async def handle(stream: trio.SocketStream) -> None:
-        await serve_connection(stream, handlers, limits, memory)
+        await serve_connection(stream, handlers, limits, memory, request_stats, listener)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

@@ -8,12 +8,15 @@ The data directory holds everything the cluster is::
 
 Running ``cluster up`` again on the same directory brings the same cluster back: same node ids,
 ports and cluster id, same data. Node ``i`` (1-based) listens for Kafka clients on
-``port_base + i - 1`` and for Raft on ``port_base + 100 + i - 1``; ``--port-base 0`` picks free
-ports (stored, so a restart reuses them).
+``port_base + i - 1``, for Raft on ``port_base + 100 + i - 1`` and serves its metrics and health
+endpoint (``metrics.listener``, docs/metrics.md) on ``port_base + 200 + i - 1``; ``--port-base 0``
+picks free ports (stored, so a restart reuses them; a directory made before the metrics
+endpoint existed gets free metrics ports added to its ``cluster.json``).
 
-The supervisor prints exactly one line on stdout, ``bootstrap.servers=127.0.0.1:p1,...``, once a
-topic replicated on every node can be created and produced to with ``acks=all`` (the probe
-topic is deleted again). Everything else goes to stderr. On SIGINT/SIGTERM it stops the nodes
+The supervisor prints exactly one line on stdout, ``bootstrap.servers=127.0.0.1:p1,...``, once
+every node answers ``/health/ready`` with 200 and a topic replicated on every node can be
+created and produced to with ``acks=all`` (the probe topic is deleted again). Everything else
+goes to stderr, including each node's metrics URL. On SIGINT/SIGTERM it stops the nodes
 one at a time, the controller last, each with SIGTERM (a controlled shutdown) and SIGKILL after
 ``NODE_STOP_TIMEOUT_S``. Children run in their own session, so a terminal's Ctrl-C reaches only
 the supervisor, which then stops them in that order.
@@ -22,6 +25,7 @@ the supervisor, which then stops them in that order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -37,10 +41,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import h11
 import trio
 
 from raftlog.client.connection import KafkaClientError, KafkaConnection, parse_bootstrap
 from raftlog.controller.rpcs import describe_quorum_request
+from raftlog.observe.http import endpoint_url, http_get
 from raftlog.partition.batch import build_batch
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import (
@@ -58,6 +64,7 @@ SECRET_FILE: Final = "raft.secret"
 HOST: Final = "127.0.0.1"
 DEFAULT_PORT_BASE: Final = 9092
 CONTROLLER_PORT_OFFSET: Final = 100
+METRICS_PORT_OFFSET: Final = 200
 SESSION_TIMEOUT_MS: Final = 1500
 HEARTBEAT_INTERVAL_MS: Final = 250
 READY_TIMEOUT_S: Final = 60.0
@@ -79,6 +86,8 @@ class ClusterLayout:
     kafka_ports: tuple[int, ...]
     controller_ports: tuple[int, ...]
     cluster_id: str
+    # Empty only in a layout read from a cluster.json older than the metrics endpoint.
+    metrics_ports: tuple[int, ...] = ()
 
     @property
     def node_ids(self) -> range:
@@ -87,6 +96,9 @@ class ClusterLayout:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{HOST}:{port}" for port in self.kafka_ports)
+
+    def metrics_url(self, node_id: int) -> str:
+        return endpoint_url(HOST, self.metrics_ports[node_id - 1])
 
     @property
     def voters(self) -> str:
@@ -106,10 +118,13 @@ class ClusterLayout:
             kafka_ports=tuple(int(p) for p in data["kafka_ports"]),
             controller_ports=tuple(int(p) for p in data["controller_ports"]),
             cluster_id=str(data["cluster_id"]),
+            metrics_ports=tuple(int(p) for p in data.get("metrics_ports", ())),
         )
-        if not (len(layout.kafka_ports) == len(layout.controller_ports) == layout.nodes >= 1):
+        if not (len(layout.kafka_ports) == len(layout.controller_ports) == layout.nodes >= 1
+                and len(layout.metrics_ports) in (0, layout.nodes)):
             raise ClusterError(f"{LAYOUT_FILE}: {layout.nodes} nodes but ports for "
-                               f"{len(layout.kafka_ports)}/{len(layout.controller_ports)}")
+                               f"{len(layout.kafka_ports)}/{len(layout.controller_ports)}"
+                               f"/{len(layout.metrics_ports)}")
         return layout
 
 
@@ -128,6 +143,11 @@ def prepare(data_dir: Path, nodes: int | None, port_base: int | None) -> Cluster
             raise ClusterError(f"{data_dir} holds a {layout.nodes}-node cluster, not {nodes}")
         if port_base not in (None, 0, layout.kafka_ports[0]):
             raise ClusterError(f"{data_dir} uses port base {layout.kafka_ports[0]}")
+        if not layout.metrics_ports:  # made before the metrics endpoint: add its ports
+            taken = {*layout.kafka_ports, *layout.controller_ports}
+            layout = dataclasses.replace(layout, metrics_ports=tuple(
+                _free_ports(layout.nodes, avoid=taken)))
+            layout_path.write_text(layout.to_json(), encoding="utf-8")
     else:
         layout = _new_layout(3 if nodes is None else nodes,
                              DEFAULT_PORT_BASE if port_base is None else port_base)
@@ -150,24 +170,29 @@ def _new_layout(nodes: int, port_base: int) -> ClusterLayout:
     if not 1 <= nodes <= 99:
         raise ClusterError(f"--nodes must be between 1 and 99, got {nodes}")
     if port_base == 0:
-        ports = _free_ports(2 * nodes)
-        kafka, controller = tuple(ports[:nodes]), tuple(ports[nodes:])
+        ports = _free_ports(3 * nodes)
+        kafka, controller = tuple(ports[:nodes]), tuple(ports[nodes:2 * nodes])
+        metrics = tuple(ports[2 * nodes:])
     else:
-        if not 1024 <= port_base <= 65535 - CONTROLLER_PORT_OFFSET - nodes:
+        if not 1024 <= port_base <= 65535 - METRICS_PORT_OFFSET - nodes:
             raise ClusterError(f"--port-base {port_base} leaves no room for {nodes} nodes")
         kafka = tuple(port_base + i for i in range(nodes))
         controller = tuple(port_base + CONTROLLER_PORT_OFFSET + i for i in range(nodes))
+        metrics = tuple(port_base + METRICS_PORT_OFFSET + i for i in range(nodes))
     # Kafka's cluster ids are 22-character base64url UUIDs; any [A-Za-z0-9_-] works here.
     cluster_id = uuid.uuid4().hex[:22]
-    return ClusterLayout(nodes, kafka, controller, cluster_id)
+    return ClusterLayout(nodes, kafka, controller, cluster_id, metrics)
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = []
+def _free_ports(count: int, avoid: set[int] | None = None) -> list[int]:
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(sockets) < count:
             sock = socket.socket()
             sock.bind((HOST, 0))
+            if avoid and sock.getsockname()[1] in avoid:
+                sock.close()
+                continue
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
@@ -204,12 +229,13 @@ def node_properties(layout: ClusterLayout, node_id: int, data_dir: Path) -> dict
         # Fast failover on a laptop: a stopped broker is fenced within ~1.5 s.
         "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": str(HEARTBEAT_INTERVAL_MS),
+        "metrics.listener": f"http://{HOST}:{layout.metrics_ports[index]}",
     }
 
 
 def check_ports_free(layout: ClusterLayout) -> None:
     """Raises ClusterError naming the first port something else already listens on."""
-    for port in (*layout.kafka_ports, *layout.controller_ports):
+    for port in (*layout.kafka_ports, *layout.controller_ports, *layout.metrics_ports):
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -257,6 +283,9 @@ async def cluster_up(
                     nursery.cancel_scope.cancel()
                     return 1
                 print(f"bootstrap.servers={layout.bootstrap}", flush=True)
+                for node_id in layout.node_ids:  # stdout keeps its one line
+                    print(f"node {node_id} metrics: {layout.metrics_url(node_id)}/metrics",
+                          file=sys.stderr, flush=True)
                 log.info("cluster %s up: %d nodes, data in %s", layout.cluster_id,
                          layout.nodes, data_dir)
                 async for signum in signals:
@@ -338,8 +367,8 @@ async def _controller_id(layout: ClusterLayout) -> int | None:
 
 
 async def _wait_ready(layout: ClusterLayout, children: Sequence[_Child]) -> str | None:
-    """Until a topic replicated on every node can be created and produced to (acks=all);
-    returns why not if a node exits first."""
+    """Until every node answers /health/ready with 200 and a topic replicated on every node
+    can be created and produced to (acks=all); returns why not if a node exits first."""
     problem = ""
     while True:
         exited = [c for c in children if c.process.returncode is not None]
@@ -347,6 +376,7 @@ async def _wait_ready(layout: ClusterLayout, children: Sequence[_Child]) -> str 
             return f"node {exited[0].node_id} exited with {exited[0].process.returncode}"
         try:
             with trio.fail_after(REQUEST_TIMEOUT_S * 3):
+                await check_health(layout)
                 await probe(layout.bootstrap, layout.nodes)
             return None
         except (KafkaClientError, trio.TooSlowError, ClusterError) as exc:
@@ -354,6 +384,19 @@ async def _wait_ready(layout: ClusterLayout, children: Sequence[_Child]) -> str 
                 problem = str(exc)
                 log.info("cluster not ready yet: %s", problem or type(exc).__name__)
         await trio.sleep(PROBE_INTERVAL_S)
+
+
+async def check_health(layout: ClusterLayout) -> None:
+    """Raises ClusterError naming the first node whose /health/ready is not 200."""
+    for node_id, port in zip(layout.node_ids, layout.metrics_ports, strict=True):
+        try:
+            status, _, body = await http_get(HOST, port, "/health/ready",
+                                             timeout_s=REQUEST_TIMEOUT_S)
+        except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+            raise ClusterError(f"node {node_id}: no health endpoint yet ({exc})") from exc
+        if status != 200:
+            reasons = body.decode(errors="replace").strip()
+            raise ClusterError(f"node {node_id} not ready ({status}: {reasons})")
 
 
 async def probe(bootstrap: str, replication_factor: int) -> None:

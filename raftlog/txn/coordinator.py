@@ -30,15 +30,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from raftlog.metrics.recorders import Counter, CounterMap
 from raftlog.protocol.errors import ErrorCode
 
 __all__ = [
     "DEFAULT_TXN_TIMEOUT_MS",
     "MAX_TXN_TIMEOUT_MS",
+    "OPEN_STATES",
     "Transition",
     "TxnMetadata",
     "TxnRecordError",
     "TxnState",
+    "TxnStats",
     "add_partitions",
     "begin_timeout_abort",
     "complete",
@@ -74,6 +77,22 @@ class TxnState(enum.Enum):
 
 
 TopicPartition = tuple[str, int]
+
+# The states of a transaction that is open: begun and not yet completed.
+OPEN_STATES: Final = frozenset(
+    {TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
+
+
+class TxnStats:
+    """What this coordinator counts for its metrics (``raftlog.observe.txn``): transactions
+    completed (``completed`` keyed by ``"commit"``/``"abort"``: the Complete state persisted
+    after every marker was written) and those it aborted on ``transaction.timeout.ms``."""
+
+    __slots__ = ("completed", "timeouts")
+
+    def __init__(self) -> None:
+        self.completed = CounterMap()
+        self.timeouts = Counter()
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ from raftlog.protocol.internal_topics import OFFSETS_TOPIC, coordinator_partitio
 from raftlog.quorum.interface import Quorum
 from raftlog.server.find_coordinator import CoordinatorLocation
 from raftlog.txn import coordinator as core
-from raftlog.txn.coordinator import CoordinatorPartitionState, Transition, TxnMetadata, TxnState
+from raftlog.txn.coordinator import (
+    CoordinatorPartitionState,
+    Transition,
+    TxnMetadata,
+    TxnState,
+    TxnStats,
+)
 from raftlog.txn.markers import PendingOffsets, TxnCompletion
 from raftlog.txn.state_log import TXN_TOPIC, NotCoordinatorError, TxnStateLog
 from raftlog.txn.verification import (
@@ -109,9 +115,10 @@ class TxnCoordinatorService:
         self._create_topic = create_topic
         self.settings = settings or TxnSettings()
         self.state_log = TxnStateLog(quorum, manager)
+        self.stats = TxnStats()  # completions and timeouts (raftlog.observe.txn)
         self.verifier = ProduceVerifier(node_id, quorum, manager, self.state_log, login)
         self.completion = TxnCompletion(node_id, quorum, manager, self.state_log,
-                                        self.verifier, pending_offsets, login)
+                                        self.verifier, pending_offsets, login, self.stats)
         self._nursery: trio.Nursery | None = None
         self._creating = False
 
@@ -349,4 +356,5 @@ class TxnCoordinatorService:
                      metadata.transactional_id, metadata.producer_id, metadata.timeout_ms)
             transition = core.begin_timeout_abort(metadata, now_ms(),
                                                   lambda: spare if spare is not None else -1)
-            await self._apply(state, transition)
+            if not await self._apply(state, transition):
+                self.stats.timeouts.inc()

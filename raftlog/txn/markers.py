@@ -16,7 +16,8 @@ from typing import Final, Protocol
 
 import trio
 
-from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
+from raftlog.client.connection import ClusterLogin, KafkaClientError
+from raftlog.client.peers import PeerConnections, registered_address
 from raftlog.metadata.image import NO_LEADER
 from raftlog.partition.append import AppendOrigin
 from raftlog.partition.errors import PartitionLogError
@@ -28,7 +29,7 @@ from raftlog.protocol.internal_topics import OFFSETS_TOPIC
 from raftlog.protocol.schemas_txn import WRITE_TXN_MARKERS
 from raftlog.quorum.interface import Quorum
 from raftlog.txn import coordinator as core
-from raftlog.txn.coordinator import CoordinatorPartitionState, TxnMetadata, TxnState
+from raftlog.txn.coordinator import CoordinatorPartitionState, TxnMetadata, TxnState, TxnStats
 from raftlog.txn.state_log import PERSIST_TIMEOUT_S, TxnStateLog
 from raftlog.txn.verification import ProduceVerifier
 
@@ -64,17 +65,20 @@ class TxnCompletion:
 
     def __init__(self, node_id: int, quorum: Quorum, manager: PartitionManager,
                  state_log: TxnStateLog, verifier: ProduceVerifier,
-                 pending_offsets: PendingOffsets | None, login: ClusterLogin | None) -> None:
+                 pending_offsets: PendingOffsets | None, login: ClusterLogin | None,
+                 stats: TxnStats | None = None) -> None:
         self.node_id = node_id
         self.quorum = quorum
         self.manager = manager
         self.state_log = state_log
         self.verifier = verifier
         self.pending_offsets = pending_offsets
-        self._login = login  # markers are cluster actions
+        self.stats = stats or TxnStats()
         self._completing: set[str] = set()
         self._nursery: trio.Nursery | None = None
-        self._connections: dict[int, KafkaConnection] = {}
+        self._peers = PeerConnections(registered_address(lambda: quorum.image),
+                                      client_id=f"txn-coordinator-{node_id}",
+                                      timeout_s=RPC_TIMEOUT_S, login=login)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -85,10 +89,7 @@ class TxnCompletion:
                 await trio.sleep_forever()
         finally:
             self._nursery = None
-            for connection in self._connections.values():
-                with trio.CancelScope(shield=True):
-                    await connection.aclose()
-            self._connections.clear()
+            await self._peers.aclose()
 
     def spawn_preparing(self, state: CoordinatorPartitionState) -> None:
         """A partition was loaded: complete every transaction it holds in a Prepare state."""
@@ -129,6 +130,7 @@ class TxnCompletion:
                         return
                     error = await self.state_log.persist(state, core.complete(metadata, now_ms()))
                 if not error:
+                    self.stats.completed.inc("commit" if commit else "abort")
                     log.info("transaction %r (producer %d, epoch %d) %s", txn_id,
                              metadata.producer_id, metadata.producer_epoch,
                              "committed" if commit else "aborted")
@@ -191,14 +193,9 @@ class TxnCompletion:
             "transaction_result": commit, "coordinator_epoch": coordinator_epoch,
             "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()]}]}
         try:
-            connection = await self._connection(leader)
-            response = await connection.request(WRITE_TXN_MARKERS, body, version=1,
-                                                timeout_s=RPC_TIMEOUT_S)
-        except (KafkaClientError, OSError) as exc:
+            response = await self._peers.request(leader, WRITE_TXN_MARKERS, body, version=1)
+        except KafkaClientError as exc:
             log.info("WriteTxnMarkers to node %d failed: %s", leader, exc)
-            stale = self._connections.pop(leader, None)
-            if stale is not None:
-                await stale.aclose()
             return set(partitions)
         left: set[tuple[str, int]] = set()
         for marker in response.markers:
@@ -210,17 +207,6 @@ class TxnCompletion:
                         left.add((topic.name, result.partition_index))
         return left
 
-    async def _connection(self, node_id: int) -> KafkaConnection:
-        connection = self._connections.get(node_id)
-        if connection is None:
-            broker = self.quorum.image.brokers.get(node_id)
-            if broker is None:
-                raise KafkaClientError(f"node {node_id} is not registered")
-            connection = await KafkaConnection.connect(broker.host, broker.port,
-                                                       client_id=f"txn-coordinator-{self.node_id}",
-                                                       login=self._login)
-            self._connections[node_id] = connection
-        return connection
 
     # -- the partition leader's side ------------------------------------------------------
 

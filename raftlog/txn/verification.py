@@ -20,7 +20,8 @@ from typing import Final
 
 import trio
 
-from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
+from raftlog.client.connection import ClusterLogin, KafkaClientError
+from raftlog.client.peers import PeerConnections, registered_address
 from raftlog.metadata.image import NO_LEADER
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.producer_state import NO_OFFSET
@@ -73,13 +74,14 @@ class ProduceVerifier:
         self.quorum = quorum
         self.manager = manager
         self.state_log = state_log
-        self._login = login  # verify_only questions are cluster actions
         self._nursery: trio.Nursery | None = None
         # Questions in flight, their own connections (so they never queue behind a marker
         # write's acks=all wait), and per (topic, partition, producer id) the guard a marker
         # clears.
         self._verifications: dict[tuple[str, int, int, int], PendingVerification] = {}
-        self._connections: dict[int, KafkaConnection] = {}
+        self._peers = PeerConnections(registered_address(lambda: quorum.image),
+                                      client_id=f"txn-verifier-{node_id}",
+                                      timeout_s=VERIFY_TIMEOUT_S, login=login)
         self._guards: dict[tuple[str, int, int], object] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -91,10 +93,7 @@ class ProduceVerifier:
                 await trio.sleep_forever()
         finally:
             self._nursery = None
-            for connection in self._connections.values():
-                with trio.CancelScope(shield=True):
-                    await connection.aclose()
-            self._connections.clear()
+            await self._peers.aclose()
 
     def invalidate(self, topic: str, index: int, producer_id: int) -> None:
         """A marker of ``producer_id`` was written to the partition: a verify_only answer
@@ -196,24 +195,10 @@ class ProduceVerifier:
             "producer_epoch": epoch, "verify_only": True,
             "topics": [{"name": topic, "partitions": [index]}]}]}
         try:
-            with trio.fail_after(VERIFY_TIMEOUT_S):
-                connection = self._connections.get(coordinator)
-                if connection is None:
-                    broker = self.quorum.image.brokers.get(coordinator)
-                    if broker is None:
-                        raise KafkaClientError(f"node {coordinator} is not registered")
-                    connection = await KafkaConnection.connect(
-                        broker.host, broker.port, timeout_s=VERIFY_TIMEOUT_S,
-                        client_id=f"txn-verifier-{self.node_id}", login=self._login)
-                    self._connections[coordinator] = connection
-                response = await connection.request(ADD_PARTITIONS_TO_TXN, body, version=4,
-                                                    timeout_s=VERIFY_TIMEOUT_S)
-        except (KafkaClientError, OSError, trio.TooSlowError) as exc:
+            response = await self._peers.request(coordinator, ADD_PARTITIONS_TO_TXN, body,
+                                                 version=4)
+        except KafkaClientError as exc:
             log.info("verify_only AddPartitionsToTxn to node %d failed: %s", coordinator, exc)
-            stale = self._connections.pop(coordinator, None)
-            if stale is not None:
-                with trio.CancelScope(shield=True):
-                    await stale.aclose()
             return (ErrorCode.NOT_ENOUGH_REPLICAS,
                     f"the transaction coordinator (node {coordinator}) did not answer: retry")
         code: int = response.error_code or ErrorCode.UNKNOWN_SERVER_ERROR

@@ -1,5 +1,6 @@
-"""``raftlog cluster up``: bootstrap line, confluent-kafka with replication factor 3, clean stop,
-and the same cluster back from the same data directory; ``raftlog quorum status``."""
+"""``raftlog cluster up``: bootstrap line, confluent-kafka with replication factor 3, each node's
+metrics and health endpoint, clean stop, and the same cluster back from the same data
+directory; ``raftlog quorum status``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,6 +76,19 @@ class Supervisor:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return str(response.read().decode())
 
 
 def node_pids(data_dir: Path) -> list[int]:
@@ -173,6 +189,17 @@ def test_cluster_up_serves_replicated_topics_and_restarts_as_the_same_cluster(
     acknowledged = produce(bootstrap, topic, RECORDS)
     consumed = consume_all(bootstrap, topic, RECORDS)
     assert sorted(v for _, _, v in consumed) == sorted(acknowledged)
+
+    # Every node serves metrics and health; the supervisor printed the URLs on stderr.
+    metrics_ports = layout["metrics_ports"]
+    assert len(metrics_ports) == 3
+    for node_id, port in enumerate(metrics_ports, start=1):
+        assert f"node {node_id} metrics: http://127.0.0.1:{port}/metrics" in supervisor.stderr()
+        assert http_status(f"http://127.0.0.1:{port}/health/ready") == 200
+    scraped = http_text(f"http://127.0.0.1:{metrics_ports[0]}/metrics")
+    assert 'kafka_network_requestmetrics_requests_total{request="Metadata"}' in scraped
+    cluster_id = layout["cluster_id"]
+    assert f'raftlog_node_info{{cluster_id="{cluster_id}",node_id="1"' in scraped
 
     status = subprocess.run(
         [sys.executable, "-m", "raftlog", "quorum", "status", "--bootstrap-server", bootstrap],

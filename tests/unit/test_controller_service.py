@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +91,12 @@ class SwitchableQuorum:
 
     def status(self) -> QuorumStatus:
         return self.inner.status()
+
+    def leader_contact_age_s(self) -> float:
+        return self.inner.leader_contact_age_s()
+
+    def error_counts(self) -> Mapping[str, int]:
+        return self.inner.error_counts()
 
     async def propose(self, record: Record, *, expected_version: int | None = None,
                       request_id: str | None = None,
