@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any, Final
 import trio
 
 from jepsen.net import Net
+from jepsen.scrape import fetch
 from raftlog.client.connection import KafkaClientError, KafkaConnection
 from raftlog.clock import ENV_OFFSET_FILE
 from raftlog.controller.rpcs import describe_quorum_request
@@ -156,7 +156,7 @@ class Cluster:
         hosts = {i: net.host(i) for i in layout.node_ids}
         voters = ",".join(f"{i}@{hosts[i]}:{layout.controller_ports[i - 1]}"
                           for i in layout.node_ids)
-        metrics_ports = _free_ports(layout.nodes, {*layout.kafka_ports, *layout.controller_ports})
+        metrics_ports = layout.metrics_ports  # free ports, picked by prepare()
         for i in layout.node_ids:
             node_dir = node_directory(directory, i)
             props = node_properties(layout, i, directory)
@@ -189,7 +189,9 @@ class Cluster:
             node.start()
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Until a topic replicated on every node can be created and produced to (acks=all)."""
+        """Until every node answers ``/health/ready`` with 200 (registered, caught up,
+        unfenced) and a topic replicated on every node can be created and produced to
+        (acks=all)."""
         deadline = time.monotonic() + timeout_s
         last: BaseException | None = None
         while time.monotonic() < deadline:
@@ -197,6 +199,8 @@ class Cluster:
             if dead:
                 raise RuntimeError(f"node(s) {dead} exited during start-up; see their logs")
             try:
+                for node in self.nodes.values():
+                    fetch(node.host, node.metrics_port, 2.0, path="/health/ready")
                 run_trio(probe(self.bootstrap, len(self.nodes)), 15.0)
                 return
             except Exception as exc:  # any failure: not ready yet
@@ -237,24 +241,6 @@ class Cluster:
             if topics:
                 return {p.partition_index: p.leader_id for p in topics[0].partitions}
         return {}
-
-
-def _free_ports(count: int, taken: set[int]) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 and not in ``taken`` (the cluster's own)."""
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        while len(ports) < count:
-            sock = socket.socket()
-            sockets.append(sock)
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-            if port not in taken:
-                ports.append(port)
-        return ports
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 async def _metadata(address: tuple[str, int], topic: str) -> Any:

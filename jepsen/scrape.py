@@ -21,15 +21,16 @@ INTERVAL_S: Final = 1.0
 TIMEOUT_S: Final = 0.8
 
 
-def fetch(host: str, port: int, timeout_s: float) -> str:
-    """The body of ``GET /metrics``; raises OSError (or http.client's errors) on failure."""
+def fetch(host: str, port: int, timeout_s: float, path: str = "/metrics") -> str:
+    """The body of ``GET path`` (``/metrics`` by default); raises OSError (or http.client's
+    errors) on failure or any status but 200."""
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        connection.request("GET", "/metrics")
+        connection.request("GET", path)
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:
-            raise OSError(f"HTTP {response.status}")
+            raise OSError(f"HTTP {response.status}: {body[:200]!r}")
         return body.decode("utf-8", errors="replace")
     finally:
         connection.close()
