@@ -262,3 +262,24 @@ async def test_regions_are_copied_through_one_bounded_buffer(tmp_path: Path) -> 
             await send_copying(recorder, [_Region(fd, len(data) - 10, 20)])
     finally:
         os.close(fd)
+
+
+def test_registration_names_the_inter_broker_listener_protocol() -> None:
+    from typing import Any, cast
+
+    from raftlog.broker.lifecycle import BrokerLifecycle
+
+    def registered(properties: dict[str, str]) -> dict[str, Any]:
+        config = ServerConfig.from_properties(properties)
+        lifecycle = BrokerLifecycle(config, cast(Any, None), cast(Any, None),
+                                    advertised=("127.0.0.1", 9094))
+        listener: dict[str, Any] = lifecycle._registration_body()["listeners"][0]
+        return listener
+
+    only_ssl = registered({
+        "node.id": "1", "listeners": "SSL://127.0.0.1:9094,CONTROLLER://127.0.0.1:9093",
+        "listener.security.protocol.map": "SSL:SSL,CONTROLLER:PLAINTEXT",
+        "ssl.keystore.location": "/k.pem"})
+    assert (only_ssl["name"], only_ssl["security_protocol"]) == ("SSL", 1)
+    both = registered(BASE)
+    assert (both["name"], both["security_protocol"]) == ("PLAINTEXT", 0)
