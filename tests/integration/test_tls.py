@@ -259,3 +259,41 @@ def test_plaintext_to_the_tls_port_is_closed(node: BrokerProcess) -> None:
     wait_until(lambda: "on SSL failed: WRONG_VERSION_NUMBER" in node.log_path.read_text(),
                10, "the plaintext refusal's log line")
     assert_healthy(node)
+
+
+def test_a_node_with_only_an_ssl_listener(tmp_path: Path, certs: Certs) -> None:
+    """No PLAINTEXT listener at all: the registered (inter-broker) endpoint is the SSL one, and
+    a transaction (markers, offsets) completes on a single node."""
+    from confluent_kafka import Consumer, Producer
+
+    process = BrokerProcess(tmp_path)
+    process.extra_properties = {
+        "listeners": f"SSL://127.0.0.1:{process.port},"
+                     f"CONTROLLER://127.0.0.1:{process.controller_port}",
+        "listener.security.protocol.map": "SSL:SSL,CONTROLLER:PLAINTEXT",
+        "ssl.keystore.location": str(certs.server),
+        "ssl.key.password": KEY_PASSWORD,
+    }
+    process.start()
+    try:
+        conf = {"bootstrap.servers": f"127.0.0.1:{process.port}", "security.protocol": "SSL",
+                "ssl.ca.location": str(certs.ca)}
+        topic = unique_topic("tls-only")
+        txn = Producer({**conf, "transactional.id": f"{topic}-txn"})
+        txn.init_transactions(TIMEOUT_S)
+        txn.begin_transaction()
+        for i in range(100):
+            txn.produce(topic, value=f"only-{i}".encode())
+        txn.commit_transaction(TIMEOUT_S)
+        consumer = Consumer({**conf, "group.id": f"{topic}-g", "auto.offset.reset": "earliest",
+                             "isolation.level": "read_committed"})
+        values: list[bytes] = []
+        try:
+            consumer.subscribe([topic])
+            wait_until(lambda: _poll_into(consumer, values) >= 100, TIMEOUT_S, "100 records")
+        finally:
+            consumer.close()
+        assert values == [f"only-{i}".encode() for i in range(100)]
+        assert broker_log_problems(process.log_path.read_text()) == []
+    finally:
+        process.stop()
