@@ -43,22 +43,41 @@ CONSUMER_CONFIG: dict[str, Any] = {
 
 
 class RaftlogNode:
-    """One raftlog node with a fresh data directory under `workdir`."""
+    """One raftlog node with a fresh data directory under `workdir`. With ``ssl`` it also
+    serves an SSL listener (throwaway CA and server certificate) and the clients use it."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, ssl: bool = False) -> None:
         self.workdir = workdir
+        self.system = "raftlog-ssl" if ssl else "raftlog"
         port = free_port()
         controller_port = free_port()
+        ssl_port = free_port()
+        # The SSL listener first: it is bound before the PLAINTEXT one the start-up waits for.
+        tls_listener = f"SSL://127.0.0.1:{ssl_port}," if ssl else ""
         properties = {
             "node.id": "1",
             "process.roles": "broker,controller",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "listeners": f"{tls_listener}PLAINTEXT://127.0.0.1:{port},"
+                         f"CONTROLLER://127.0.0.1:{controller_port}",
             "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
             "controller.listener.names": "CONTROLLER",
             "log.dirs": str(workdir / "data"),
             "num.partitions": "1",
             "raft.secret": "bench-secret",
         }
+        self.client_config: dict[str, Any] = {"bootstrap.servers": f"127.0.0.1:{port}"}
+        if ssl:
+            sys.path.insert(0, str(REPO_ROOT))
+            from tests.integration.tls_certs import make_certs
+
+            certs = make_certs(workdir / "certs")
+            properties.update({
+                "listener.security.protocol.map":
+                    "SSL:SSL,PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "ssl.keystore.location": str(certs.server)})
+            self.client_config = {"bootstrap.servers": f"127.0.0.1:{ssl_port}",
+                                  "security.protocol": "SSL",
+                                  "ssl.ca.location": str(certs.ca)}
         config = workdir / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
         self.server = ServerProcess(
@@ -79,7 +98,7 @@ class RaftlogNode:
 
     def create_topic(self, timeout_s: float = 20.0) -> None:
         """Create the 1-partition topic and wait until its leader shows in the metadata."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient(self.client_config)
         admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(timeout=timeout_s)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -99,7 +118,7 @@ def produce(node: RaftlogNode, repeat: int, records: int, payload: bytes) -> Pha
         if error is not None:
             errors.append(str(error))
 
-    producer = Producer({"bootstrap.servers": node.bootstrap, **PRODUCER_CONFIG,
+    producer = Producer({**node.client_config, **PRODUCER_CONFIG,
                          "on_delivery": on_error})
     producer.list_topics(TOPIC, timeout=10)  # connect and learn the leader before the clock
     send = producer.produce
@@ -124,7 +143,7 @@ def produce(node: RaftlogNode, repeat: int, records: int, payload: bytes) -> Pha
     ok = left == 0 and not errors
     note = "" if ok else f"{left} undelivered, {len(errors)} errors (first: " \
         f"{errors[0] if errors else '-'})"
-    return PhaseResult("raftlog", "produce", repeat, records - left - len(errors),
+    return PhaseResult(node.system, "produce", repeat, records - left - len(errors),
                        (records - left - len(errors)) * len(payload), seconds, meter.usage,
                        ok=ok, note=note, extra={"buffer_full_retries": buffer_full,
                               "enqueue_seconds": enqueued})
@@ -132,7 +151,7 @@ def produce(node: RaftlogNode, repeat: int, records: int, payload: bytes) -> Pha
 
 def consume(node: RaftlogNode, repeat: int, records: int, record_bytes: int) -> PhaseResult:
     """Read all `records` back from offset 0 with assign(); timed from assign() to the last."""
-    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": f"bench-{repeat}",
+    consumer = Consumer({**node.client_config, "group.id": f"bench-{repeat}",
                          **CONSUMER_CONFIG})
     consumer.list_topics(TOPIC, timeout=10)
     count = 0
@@ -164,5 +183,5 @@ def consume(node: RaftlogNode, repeat: int, records: int, record_bytes: int) -> 
     ok = count == records and last_offset == records - 1 and bad_size == 0
     note = "" if ok else f"read {count}/{records}, last offset {last_offset}, " \
         f"{errors} errors, {bad_size} wrong sizes"
-    return PhaseResult("raftlog", "consume", repeat, count, payload_bytes, seconds,
+    return PhaseResult(node.system, "consume", repeat, count, payload_bytes, seconds,
                        meter.usage, ok=ok, note=note, extra={"errors": errors})

@@ -2,10 +2,14 @@
 
     python bench/produce_consume.py [--records N] [--record-bytes 1024] [--repeats 3]
                                     [--json out.json] [--profile-dir DIR]
+                                    [--security plaintext|ssl|both] [--no-nats]
 
 Each repeat starts a fresh raftlog node and a fresh nats-server (interleaved: raftlog, nats,
 raftlog, nats, ...), produces N records of --record-bytes to a 1-partition topic / R1 file
-stream, reads them all back, and stops the server. It prints medians and ranges, the
+stream, reads them all back, and stops the server. ``--security ssl`` has the clients use an
+SSL listener (a throwaway CA and server certificate made with ``cryptography``); ``both`` runs
+raftlog over PLAINTEXT and over SSL in every repeat and reports the SSL/PLAINTEXT ratios;
+``--no-nats`` leaves NATS out. It prints medians and ranges, the
 raftlog/NATS ratios and PASS/MISS against the targets. It is a benchmark, not a test: the exit
 status is 0 whatever the figures (2 only when a prerequisite is missing). See bench/README.md.
 """
@@ -13,6 +17,7 @@ status is 0 whatever the figures (2 only when a prerequisite is missing). See be
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -37,7 +42,7 @@ from _support import (
 TARGET_PRODUCE_MB_S = 200.0
 TARGET_PRODUCE_VS_NATS = 3.0
 TARGET_CONSUME_MB_S = 300.0
-SYSTEMS = ("raftlog", "nats")
+SYSTEMS = ("raftlog", "raftlog-ssl", "nats")  # the report's order; a run has some of them
 PHASES = ("produce", "consume")
 DURABILITY_NOTE = (
     "Durability differs: raftlog acks acks=all produce only after fsync; NATS 2.9 acks a "
@@ -61,6 +66,8 @@ class Options:
     profile_dir: Path | None
     profile_records: int
     keep_logs: Path | None
+    security: str = "plaintext"
+    nats: bool = True
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -81,12 +88,15 @@ def parse_args(argv: Sequence[str] | None) -> Options:
                         help="records in the profiled produce phase (long enough to sample)")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each server's log into this directory")
+    parser.add_argument("--security", choices=("plaintext", "ssl", "both"),
+                        default="plaintext", help="how the clients reach raftlog")
+    parser.add_argument("--no-nats", action="store_true", help="leave NATS out")
     args = parser.parse_args(argv)
     if args.records < 1 or args.record_bytes < 1 or args.repeats < 1:
         parser.error("--records, --record-bytes and --repeats must be positive")
     return Options(args.records, args.record_bytes, args.repeats, args.json, args.nats_window,
                    args.nats_fetch_batch, args.profile_dir, args.profile_records,
-                   args.keep_logs)
+                   args.keep_logs, args.security, not args.no_nats)
 
 
 def failed_phase(system: str, phase: str, repeat: int, error: str) -> PhaseResult:
@@ -101,11 +111,12 @@ def _save_log(options: Options, source: Path, name: str) -> None:
         shutil.copyfile(source, options.keep_logs / name)
 
 
-def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes) -> list[PhaseResult]:
+def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes,
+                ssl: bool = False) -> list[PhaseResult]:
     import _raftlog_side as side
 
     workdir.mkdir()
-    node = side.RaftlogNode(workdir)
+    node = side.RaftlogNode(workdir, ssl=ssl)
     results: list[PhaseResult] = []
     try:
         node.start()
@@ -119,11 +130,11 @@ def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes) ->
         traceback.print_exc()
         tail = node.server.log_tail(1500)
         done = {r.phase for r in results}
-        results += [failed_phase("raftlog", p, repeat, f"{exc!r}\n{tail}")
+        results += [failed_phase(node.system, p, repeat, f"{exc!r}\n{tail}")
                     for p in PHASES if p not in done]
     finally:
         code = node.stop()
-        _save_log(options, node.server.log_path, f"raftlog-r{repeat}.log")
+        _save_log(options, node.server.log_path, f"{node.system}-r{repeat}.log")
         shutil.rmtree(workdir, ignore_errors=True)
     for result in results:
         result.extra["broker_exit_code"] = code
@@ -207,7 +218,7 @@ def summarise(results: list[PhaseResult]) -> dict[str, dict[str, dict[str, Sprea
         "seconds": lambda r: r.seconds if r.ok else float("nan"),
     }
     out: dict[str, dict[str, dict[str, Spread]]] = {}
-    for system in SYSTEMS:
+    for system in [s for s in SYSTEMS if any(r.system == s for r in results)]:
         for phase in PHASES:
             rows = [r for r in results if r.system == system and r.phase == phase]
             out.setdefault(system, {})[phase] = {
@@ -216,12 +227,13 @@ def summarise(results: list[PhaseResult]) -> dict[str, dict[str, dict[str, Sprea
     return out
 
 
-def pair_ratios(results: list[PhaseResult], phase: str) -> list[float]:
-    """raftlog/NATS msgs/s for each repeat where both succeeded."""
+def pair_ratios(results: list[PhaseResult], phase: str, over: str = "raftlog",
+                under: str = "nats") -> list[float]:
+    """over/under msgs/s (raftlog/NATS by default) for each repeat where both succeeded."""
     ratios = []
     for repeat in sorted({r.repeat for r in results}):
-        a = [r for r in results if (r.system, r.phase, r.repeat) == ("raftlog", phase, repeat)]
-        b = [r for r in results if (r.system, r.phase, r.repeat) == ("nats", phase, repeat)]
+        a = [r for r in results if (r.system, r.phase, r.repeat) == (over, phase, repeat)]
+        b = [r for r in results if (r.system, r.phase, r.repeat) == (under, phase, repeat)]
         if a and b and a[0].ok and b[0].ok and b[0].msgs_per_s > 0:
             ratios.append(a[0].msgs_per_s / b[0].msgs_per_s)
     return ratios
@@ -231,24 +243,26 @@ def report(options: Options, results: list[PhaseResult]) -> dict[str, Any]:
     summary = summarise(results)
     print(f"\n=== {options.records:,} records x {options.record_bytes} B, {options.repeats} "
           "interleaved repeats: median (min-max) ===")
-    header = (f"{'system':<8} {'phase':<8} {'MB/s':>24} {'msgs/s':>28} {'broker CPU%':>13} "
+    header = (f"{'system':<11} {'phase':<8} {'MB/s':>24} {'msgs/s':>28} {'broker CPU%':>13} "
               f"{'client CPU%':>13} {'box busy%':>11}")
     print(header)
     print("-" * len(header))
     for phase in PHASES:
-        for system in SYSTEMS:
+        for system in summary:
             s = summary[system][phase]
-            print(f"{system:<8} {phase:<8} {_fmt(s['mb_per_s']):>24} "
+            print(f"{system:<11} {phase:<8} {_fmt(s['mb_per_s']):>24} "
                   f"{_fmt(s['msgs_per_s'], 0):>28} {s['broker_cpu_pct'].median:>13.0f} "
                   f"{s['client_cpu_pct'].median:>13.0f} {s['box_busy_pct'].median:>11.0f}")
     print("(MB = 10^6 payload bytes; CPU in % of one core, 200% = the whole box; client = this "
           "process incl. librdkafka/asyncio threads)")
 
     ratios: dict[str, dict[str, float | list[float]]] = {}
+    nan_spread = Spread.of([])
     print()
+    tls = ssl_ratios(results, summary)
     for phase in PHASES:
-        a = summary["raftlog"][phase]["msgs_per_s"].median
-        b = summary["nats"][phase]["msgs_per_s"].median
+        a = summary.get("raftlog", {}).get(phase, {}).get("msgs_per_s", nan_spread).median
+        b = summary.get("nats", {}).get(phase, {}).get("msgs_per_s", nan_spread).median
         median_ratio = a / b if b == b and b > 0 else float("nan")
         per_repeat = pair_ratios(results, phase)
         ratios[phase] = {"of_medians": median_ratio, "per_repeat": per_repeat}
@@ -256,8 +270,9 @@ def report(options: Options, results: list[PhaseResult]) -> dict[str, Any]:
             else ""
         print(f"ratio raftlog/NATS {phase} msgs/s: {median_ratio:.2f}x{spread}")
 
-    produce_mb = summary["raftlog"]["produce"]["mb_per_s"].median
-    consume_mb = summary["raftlog"]["consume"]["mb_per_s"].median
+    plain = summary.get("raftlog", summary.get("raftlog-ssl", {}))
+    produce_mb = plain.get("produce", {}).get("mb_per_s", nan_spread).median
+    consume_mb = plain.get("consume", {}).get("mb_per_s", nan_spread).median
     produce_ratio = float(ratios["produce"]["of_medians"])  # type: ignore[arg-type]
     targets = [
         ("raftlog produce >= 200 MB/s", f"{produce_mb:.1f} MB/s",
@@ -279,24 +294,59 @@ def report(options: Options, results: list[PhaseResult]) -> dict[str, Any]:
                              for phase, metrics in phases.items()}
                     for system, phases in summary.items()},
         "ratios_raftlog_over_nats_msgs_per_s": ratios,
+        "ratios_ssl_over_plaintext_msgs_per_s": tls,
         "targets": [{"target": n, "value": v, "pass": p} for n, v, p in targets],
         "failed_phases": len(failures),
     }
+
+
+def ssl_ratios(results: list[PhaseResult], summary: dict[str, dict[str, dict[str, Spread]]]
+               ) -> dict[str, dict[str, float | list[float]]]:
+    """raftlog over SSL / over PLAINTEXT, per phase, when the run measured both."""
+    if "raftlog" not in summary or "raftlog-ssl" not in summary:
+        return {}
+    out: dict[str, dict[str, float | list[float]]] = {}
+    for phase in PHASES:
+        a = summary["raftlog-ssl"][phase]["msgs_per_s"].median
+        b = summary["raftlog"][phase]["msgs_per_s"].median
+        per_repeat = pair_ratios(results, phase, "raftlog-ssl", "raftlog")
+        out[phase] = {"of_medians": a / b if b == b and b > 0 else float("nan"),
+                      "per_repeat": per_repeat}
+        spread = f" (per repeat {min(per_repeat):.2f}-{max(per_repeat):.2f})" if per_repeat \
+            else ""
+        print(f"ratio raftlog SSL/PLAINTEXT {phase} msgs/s: {out[phase]['of_medians']:.2f}x"
+              f"{spread}")
+    return out
 
 
 def print_phase(result: PhaseResult) -> None:
     status = "" if result.ok else f"  FAILED: {result.note.strip().splitlines()[0][:200]}"
     if "enqueue_seconds" in result.extra:
         status += f"  (produce() loop done at {result.extra['enqueue_seconds']:.2f} s)"
-    print(f"  r{result.repeat} {result.system:<7} {result.phase:<7} {result.seconds:7.2f} s "
+    print(f"  r{result.repeat} {result.system:<11} {result.phase:<7} {result.seconds:7.2f} s "
           f"{result.mb_per_s:8.1f} MB/s {result.msgs_per_s:10,.0f} msgs/s  "
           f"cpu broker {result.cpu.broker_pct:4.0f}% client {result.cpu.client_pct:4.0f}% "
           f"box {result.cpu.box_busy_pct:4.0f}%{status}", flush=True)
 
 
+Runner = Callable[[Options, Path, int, bytes], list[PhaseResult]]
+
+
+def runners(options: Options) -> list[tuple[str, Runner]]:
+    """The systems of one repeat, interleaved in this order."""
+    out: list[tuple[str, Runner]] = []
+    if options.security in ("plaintext", "both"):
+        out.append(("raftlog", run_raftlog))
+    if options.security in ("ssl", "both"):
+        out.append(("raftlog-ssl", functools.partial(run_raftlog, ssl=True)))
+    if options.nats:
+        out.append(("nats", run_nats))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    problem = check_prerequisites()
+    problem = check_prerequisites() if options.nats else None
     if problem is not None:
         print(f"cannot run the benchmark: {problem}", file=sys.stderr)
         return 2
@@ -308,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as tmp:
         for repeat in range(options.repeats):
-            for system, run in (("raftlog", run_raftlog), ("nats", run_nats)):
+            for system, run in runners(options):
                 for result in run(options, Path(tmp) / f"{system}-r{repeat}", repeat, payload):
                     results.append(result)
                     print_phase(result)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import resource
 import signal
@@ -42,7 +43,7 @@ from raftlog.broker.lifecycle import (
 )
 from raftlog.client.connection import ClusterLogin
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
-from raftlog.config import ServerConfig
+from raftlog.config import ConfigError, ServerConfig
 from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
@@ -61,6 +62,7 @@ from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
+from raftlog.server.advertise import for_listener
 from raftlog.server.listener import (
     Handler,
     HandlerResult,
@@ -69,8 +71,10 @@ from raftlog.server.listener import (
     api_versions_body,
     serve_listener,
 )
+from raftlog.server.request_memory import RequestMemory
 from raftlog.server.request_stats import RequestStats
 from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
+from raftlog.server.tls import build_tls_listener
 from raftlog.txn.apis import TxnApis, build_coordinator
 from raftlog.txn.coordinator_service import PendingOffsets, TxnSettings
 from raftlog.txn.init_producer_id import ProducerApis
@@ -104,7 +108,11 @@ class Node:
         self.cleaner = LogCleaner(self.manager, CleanerSettings(
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
-        self.kafka_port: int | None = None
+        self.kafka_port: int | None = None  # the inter-broker listener's bound port
+        self.listener_ports: dict[str, int] = {}  # every Kafka listener's bound port, by name
+        # SSL listeners' contexts, built now: a key or CA that cannot be loaded stops the
+        # start-up with a ConfigError naming the property.
+        self._tls = {settings.listener: build_tls_listener(settings) for settings in config.tls}
         self.metrics_port: int | None = None  # the bound metrics.listener port, when set
         self.request_stats = RequestStats()  # what the Kafka listener records (metrics)
         self.quorum: Quorum | None = None
@@ -142,7 +150,6 @@ class Node:
 
     async def _serve(self, quorum: Quorum, task_status: trio.TaskStatus[int]) -> None:
         config = self.config
-        host, port = config.listener("PLAINTEXT")
         is_broker = "broker" in config.process_roles
         credentials = ClusterCredentials(config.raft_secret) if config.raft_secret else None
         incarnation_id = _local_incarnation(quorum, config.node_id) or uuid.uuid4().hex
@@ -223,9 +230,7 @@ class Node:
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
-                self.kafka_port = await nursery.start(
-                    serve_listener, host, port, gate.wrap(handlers), limits, self.request_stats
-                )
+                kafka_port = await self._start_listeners(nursery, gate.wrap(handlers), limits)
                 if config.metrics_listener is not None:
                     await self._start_metrics(nursery, config.metrics_listener,
                                               lambda: not_ready_reasons(quorum, lifecycle, config))
@@ -237,14 +242,47 @@ class Node:
                     await nursery.start(txn_service.run)  # transactions (raftlog.txn)
                     for task in groups.tasks:  # consumer groups (raftlog.group)
                         await nursery.start(task)
-                log.info("node %d ready: Kafka on %s:%d (%s quorum)", config.node_id, host,
-                         self.kafka_port, type(quorum).__name__)
-                task_status.started(self.kafka_port)
+                log.info("node %d ready: Kafka on %s (%s quorum)", config.node_id,
+                         ", ".join(f"{name}:{port}" for name, port in self.listener_ports.items()),
+                         type(quorum).__name__)
+                task_status.started(kafka_port)
         finally:
             with trio.CancelScope(shield=True):
                 await channel.aclose()
             self.manager.close()
             log.info("node %d stopped", config.node_id)
+
+    async def _start_listeners(self, nursery: trio.Nursery, handlers: dict[int, Handler],
+                               limits: ListenerLimits) -> int:
+        """Every listener but the controller's (that one is the Raft transport), each with its
+        protocol; they share one request-memory budget and the node's request stats."""
+        config = self.config
+        memory = RequestMemory(limits.queued_request_bytes_max)
+        for listener in config.listeners:
+            name = listener.name
+            if name in config.controller_listener_names:
+                continue
+            served = handlers
+            if name != config.inter_broker_listener_name:
+                # Brokers register their inter-broker endpoint only; on this listener the node
+                # names its own address for it (raftlog.server.advertise).
+                served = for_listener(handlers, config.node_id,
+                                      functools.partial(self._advertised, name))
+            self.listener_ports[name] = await nursery.start(functools.partial(
+                serve_listener, listener.host, listener.port, served, limits,
+                self.request_stats, listener=listener.name, tls=self._tls.get(listener.name),
+                memory=memory))
+        if not self.listener_ports:
+            raise ConfigError("listeners", "the node needs a Kafka listener besides the"
+                              " controller's")
+        port = self.listener_ports.get(
+            config.inter_broker_listener_name, next(iter(self.listener_ports.values())))
+        self.kafka_port = port
+        return port
+
+    def _advertised(self, name: str) -> tuple[str, int]:
+        host, port = self.config.advertised_listener(name)
+        return host, port or self.listener_ports.get(name, 0)
 
     async def _start_metrics(self, nursery: trio.Nursery, address: tuple[str, int],
                              ready: Callable[[], list[str]]) -> None:

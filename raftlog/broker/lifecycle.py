@@ -67,6 +67,7 @@ CONTROLLED_SHUTDOWN_TIMEOUT_S: Final = 5.0
 REGISTRATION_WAIT_S: Final = 5.0
 MISCONFIGURED_RETRY_S: Final = 5.0
 SECURITY_PROTOCOL_PLAINTEXT: Final = 0
+SECURITY_PROTOCOL_IDS: Final = {"PLAINTEXT": 0, "SSL": 1, "SASL_PLAINTEXT": 2, "SASL_SSL": 3}
 ALTER_PARTITION_VERSION: Final = 1
 
 
@@ -287,13 +288,14 @@ class BrokerLifecycle:
 
     def _registration_body(self) -> dict[str, Any]:
         host, port = self.advertised
+        name = self.config.inter_broker_listener_name or "PLAINTEXT"
         return {
             "broker_id": self.node_id,
             "cluster_id": self.config.cluster_id or "",
             "incarnation_id": uuid.UUID(hex=self.incarnation_id),
-            "listeners": [{"name": self.config.inter_broker_listener_name or "PLAINTEXT",
-                           "host": host, "port": port,
-                           "security_protocol": SECURITY_PROTOCOL_PLAINTEXT}],
+            "listeners": [{"name": name, "host": host, "port": port,
+                           "security_protocol": SECURITY_PROTOCOL_IDS.get(
+                               self.config.protocol_of(name), SECURITY_PROTOCOL_PLAINTEXT)}],
             "features": [],
             "rack": None,
         }

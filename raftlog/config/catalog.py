@@ -40,6 +40,20 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": None,
+    # TLS listeners (raftlog.config.tls), Kafka's names; each may be set per listener as
+    # listener.name.<name>.ssl.*. Why PEM by default (Kafka's is JKS): PEM is all raftlog reads.
+    "ssl.keystore.type": "PEM",
+    "ssl.keystore.location": None,
+    "ssl.keystore.certificate.chain": None,
+    "ssl.keystore.key": None,
+    "ssl.key.password": None,
+    "ssl.truststore.type": "PEM",
+    "ssl.truststore.location": None,
+    "ssl.truststore.certificates": None,
+    "ssl.client.auth": "none",
+    "ssl.enabled.protocols": "TLSv1.2,TLSv1.3",
+    "ssl.cipher.suites": None,
+    "ssl.principal.mapping.rules": "DEFAULT",
     "log.dirs": None,
     "log.dir": "/tmp/raftlog-logs",
     "metadata.log.dir": None,
@@ -135,8 +149,15 @@ def warn_unknown(props: Mapping[str, str]) -> None:
     for key in sorted(props):
         if key in ACCEPTED_WITHOUT_EFFECT:
             logger.info("property %s is accepted for Kafka compatibility and has no effect", key)
-        elif key not in DEFAULTS:
+        elif key not in DEFAULTS and not _is_listener_ssl_override(key):
             logger.warning("unknown property %s ignored", key)
+
+
+def _is_listener_ssl_override(key: str) -> bool:
+    """``listener.name.<name>.ssl.*`` for an ssl.* property of the catalog."""
+    parts = key.split(".", 3)
+    return (len(parts) == 4 and parts[:2] == ["listener", "name"]
+            and parts[3].startswith("ssl.") and parts[3] in DEFAULTS)
 
 
 class Properties:
@@ -147,6 +168,10 @@ class Properties:
 
     def is_set(self, name: str) -> bool:
         return bool(self._props.get(name, ""))
+
+    def raw(self, key: str) -> str | None:
+        """A property outside the catalog's names (``listener.name.<name>.ssl.*``), or None."""
+        return self._props.get(key, "") or None
 
     def text(self, name: str) -> str | None:
         assert name in DEFAULTS, name

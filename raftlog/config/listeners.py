@@ -1,6 +1,7 @@
 """Listeners and controller voters: ``NAME://host:port`` lists, ``id@host:port`` lists, and
 how the server config derives its bound, advertised and inter-broker listeners and its voters
-from them (with Kafka's rules: a wildcard host is advertised as the host name, only PLAINTEXT).
+from them (with Kafka's rules: a wildcard host is advertised as the host name; the protocols
+are ``raftlog.config.tls``'s).
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ def parse_all_listeners(
         raise ConfigError(
             "controller.listener.names", f"{controller_names} must name one of {sorted(names)}"
         )
-    _check_security_protocols(props, names)
     advertised = _parse_advertised(props, listeners, controller_names)
     return listeners, advertised
 
@@ -126,31 +126,19 @@ def _parse_advertised(
     return advertised
 
 
-def _check_security_protocols(props: Properties, listener_names: set[str]) -> None:
-    # Only PLAINTEXT exists here; refusing SSL/SASL beats silently serving plaintext.
-    protocol_map: dict[str, str] = {}
-    for item in parse_list(props.required("listener.security.protocol.map")):
-        name, _, protocol = item.partition(":")
-        protocol_map[name.strip().upper()] = protocol.strip().upper()
-    for name in sorted(listener_names):
-        protocol = protocol_map.get(name, name)
-        if protocol != "PLAINTEXT":
-            raise ConfigError(
-                "listener.security.protocol.map",
-                f"listener {name} uses {protocol}; raftlog supports only PLAINTEXT",
-            )
-
-
 def parse_inter_broker_name(
-    props: Properties, roles: tuple[str, ...], advertised: tuple[Listener, ...]
+    props: Properties, roles: tuple[str, ...], advertised: tuple[Listener, ...],
+    protocols: dict[str, str] | None = None,
 ) -> str:
-    """The listener brokers talk to each other on: the first advertised one by default."""
+    """The listener brokers talk to each other on: by default the first advertised PLAINTEXT
+    one (node-to-node connections do not speak TLS), else the first advertised one."""
     names = [listener.name for listener in advertised]
     text = props.text("inter.broker.listener.name")
     if text is None:
         if "broker" in roles and not names:
             raise ConfigError("listeners", "a broker needs at least one non-controller listener")
-        return names[0] if names else ""
+        plain = [name for name in names if (protocols or {}).get(name, "PLAINTEXT") == "PLAINTEXT"]
+        return plain[0] if plain else names[0] if names else ""
     name = text.upper()
     if "broker" in roles and name not in names:
         raise ConfigError("inter.broker.listener.name", f"{name} is not in {names}")

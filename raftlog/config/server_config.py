@@ -38,6 +38,7 @@ from raftlog.config.properties import (
     load_properties,
     parse_list,
 )
+from raftlog.config.tls import SSL, TlsSettings, parse_security_protocols, parse_tls_settings
 from raftlog.config.topics import (
     BROKER_TO_TOPIC_CONFIG,
     COMPRESSION_TYPES,
@@ -122,6 +123,9 @@ class ServerConfig:
     metrics_listener: tuple[str, int] | None = None
     metrics_partition_detail_enable: bool = False
     metrics_consumer_group_lag_partition_enable: bool = False
+    # Each listener's security protocol (PLAINTEXT or SSL) and each SSL listener's settings.
+    listener_protocols: tuple[tuple[str, str], ...] = ()
+    tls: tuple[TlsSettings, ...] = ()
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -141,6 +145,14 @@ class ServerConfig:
         merged.update({key.strip(): value.strip() for key, value in (overrides or {}).items()})
         warn_unknown(merged)
         return _build(Properties(merged))
+
+    def protocol_of(self, name: str) -> str:
+        """The security protocol of listener ``name`` (PLAINTEXT unless mapped otherwise)."""
+        return dict(self.listener_protocols).get(name.upper(), "PLAINTEXT")
+
+    def tls_of(self, name: str) -> TlsSettings | None:
+        """The TLS settings of listener ``name``, None for a PLAINTEXT listener."""
+        return next((tls for tls in self.tls if tls.listener == name.upper()), None)
 
     def listener(self, name: str) -> tuple[str, int]:
         """The (host, port) to bind for listener ``name``."""
@@ -194,16 +206,25 @@ def _build(props: Properties) -> ServerConfig:
         n.upper() for n in parse_list(props.required("controller.listener.names"))
     )
     listeners, advertised = parse_all_listeners(props, roles, controller_names)
+    protocols = parse_security_protocols(
+        props, {listener.name for listener in listeners}, controller_names)
+    voters = parse_quorum_voters(props, node_id, roles, listeners, controller_names)
+    inter_broker = parse_inter_broker_name(props, roles, advertised, protocols)
+    if protocols.get(inter_broker) == SSL and (len(voters) > 1 or "controller" not in roles):
+        raise ConfigError(
+            "inter.broker.listener.name",
+            f"{inter_broker} is an SSL listener, and raftlog's node-to-node connections do"
+            " not speak TLS yet: name a PLAINTEXT listener (node-to-node requests still"
+            " authenticate with raft.secret)")
     log_dirs = _parse_log_dirs(props)
     return ServerConfig(
         node_id=node_id,
         process_roles=roles,
-        controller_quorum_voters=parse_quorum_voters(
-            props, node_id, roles, listeners, controller_names),
+        controller_quorum_voters=voters,
         listeners=listeners,
         advertised_listeners=advertised,
         controller_listener_names=controller_names,
-        inter_broker_listener_name=parse_inter_broker_name(props, roles, advertised),
+        inter_broker_listener_name=inter_broker,
         log_dirs=log_dirs,
         metadata_log_dir=Path(props.text("metadata.log.dir") or log_dirs[0]),
         num_partitions=props.integer("num.partitions", 1, INT_MAX),
@@ -265,6 +286,9 @@ def _build(props: Properties) -> ServerConfig:
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
         metrics_consumer_group_lag_partition_enable=props.boolean(
             "metrics.consumer.group.lag.partition.enable"),
+        listener_protocols=tuple(sorted(protocols.items())),
+        tls=tuple(parse_tls_settings(props, name)
+                  for name, protocol in sorted(protocols.items()) if protocol == SSL),
     )
 
 

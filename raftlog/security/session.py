@@ -1,8 +1,9 @@
 """Who is on the other end of a connection, and what it may do: a pure core.
 
-Every Kafka connection has one ``Session``. It starts as ``User:ANONYMOUS``; a SaslHandshake
-and SaslAuthenticate exchange (``raftlog.server.sasl``) may turn it into an authenticated
-principal. Authorization asks one question, as Kafka's ``Authorizer`` does: may this
+Every Kafka connection has one ``Session``. It starts as ``User:ANONYMOUS``, or on an SSL
+listener as ``User:<DN>`` of the client's certificate (``raftlog.security.principal``); a
+SaslHandshake and SaslAuthenticate exchange (``raftlog.server.sasl``) may turn it into an
+authenticated principal. Authorization asks one question, as Kafka's ``Authorizer`` does: may this
 principal perform this operation on this resource? Today the only guarded operation is
 ``ClusterAction`` on the cluster (every RPC a node sends a node) and only cluster members
 hold it; the ACL work adds users and rules behind the same question.
@@ -133,6 +134,9 @@ class Session:
     broker_id: int | None = None
     broker_epoch: int = -1
     sasl_state: SaslState = SaslState.NONE
+    # The listener the connection came in on (Metadata answers give that listener's address);
+    # on an SSL listener a client certificate sets the principal (raftlog.security.principal).
+    listener: str = "PLAINTEXT"
     _exchange: ScramServer | None = field(default=None, repr=False)
 
     @property

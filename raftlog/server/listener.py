@@ -37,7 +37,7 @@ from raftlog.protocol.codec import Api, DecodeError, Region
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.protocol.schemas_security import SECURITY_APIS
-from raftlog.security.session import Session
+from raftlog.security.session import KafkaPrincipal, Session
 from raftlog.server.request_memory import (
     FRAME_BUFFER_BYTES,
     QUEUED_MAX_REQUEST_BYTES_DEFAULT,
@@ -45,6 +45,7 @@ from raftlog.server.request_memory import (
     RequestMemory,
 )
 from raftlog.server.request_stats import RequestStats, request_name
+from raftlog.server.tls import StreamReceiver, TlsListener, accept_tls, send_copying
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ SEND_TIMEOUT_S = 30.0
 # Frames up to this size get a buffer of their exact size; bigger ones start in a recycled
 # buffer of FRAME_BUFFER_BYTES (see request_memory.py).
 SMALL_FRAME_BYTES = 64 << 10
-LISTENER_NAME = "PLAINTEXT"  # the one client listener there is (the metrics label)
+LISTENER_NAME = "PLAINTEXT"  # the default listener name (the metrics label)
 _now = time.perf_counter_ns  # request stage instants (request_stats.py)
 
 Body = dict[str, Any]
@@ -117,19 +118,31 @@ class ConnectionClosed(Exception):
     """The peer closed or broke the protocol; the connection is dropped."""
 
 
+class _Receiver(Protocol):
+    async def recv_into(self, view: memoryview, nbytes: int) -> int: ...
+
+
 async def serve_connection(
-    stream: trio.SocketStream, handlers: dict[int, Handler], limits: ListenerLimits,
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream], handlers: dict[int, Handler],
+    limits: ListenerLimits,
     memory: RequestMemory | None = None,
     stats: RequestStats | None = None,
     listener: str = LISTENER_NAME,
+    principal: KafkaPrincipal | None = None,
 ) -> None:
     """Serves one client connection until it closes, idles out or breaks the protocol.
 
     ``memory`` is the node's budget of request bytes, shared by all its connections;
-    ``stats`` records its requests and counts it under ``listener``.
+    ``stats`` records its requests and counts it under ``listener``. ``stream`` is a TCP
+    stream or, on an SSL listener, a TLS stream whose handshake is done; ``principal`` is
+    its client certificate's.
     """
-    peer = _peer_name(stream)
-    session = Session(peer)
+    tcp = stream if isinstance(stream, trio.SocketStream) else stream.transport_stream
+    peer = _peer_name(tcp)
+    session = Session(peer, listener=listener)
+    if principal is not None:
+        session.principal = principal
+        log.debug("%s on %s authenticated by its certificate as %s", peer, listener, principal)
     if memory is None:
         memory = RequestMemory(limits.queued_request_bytes_max)
     if stats is None:
@@ -168,7 +181,7 @@ def _peer_name(stream: trio.SocketStream) -> str:
 
 
 async def _read_requests(
-    stream: trio.SocketStream,
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
     handlers: dict[int, Handler],
     limits: ListenerLimits,
     slots: trio.MemorySendChannel[_Slot],
@@ -177,7 +190,9 @@ async def _read_requests(
     memory: RequestMemory,
 ) -> None:
     peer = session.peer
-    reader = _FrameReader(stream.socket, limits, session, memory)
+    receiver: _Receiver = (stream.socket if isinstance(stream, trio.SocketStream)  # type: ignore[assignment]
+                           else StreamReceiver(stream))
+    reader = _FrameReader(receiver, limits, session, memory)
     while True:
         try:
             slot = await _next_request(reader, handlers, nursery, session)
@@ -313,7 +328,7 @@ class _FrameReader:
     arrive: never a buffer of the declared size before the bytes exist, so a peer that
     announces a big frame and sends little holds little memory."""
 
-    def __init__(self, sock: trio.socket.SocketType, limits: ListenerLimits,
+    def __init__(self, sock: _Receiver, limits: ListenerLimits,
                  session: Session, memory: RequestMemory) -> None:
         self._sock = sock
         self._limits = limits
@@ -435,7 +450,8 @@ class _FrameReader:
 
 
 async def _write_responses(
-    stream: trio.SocketStream, slots: trio.MemoryReceiveChannel[_Slot], stats: RequestStats
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    slots: trio.MemoryReceiveChannel[_Slot], stats: RequestStats,
 ) -> None:
     async with slots:
         async for slot in slots:
@@ -471,11 +487,19 @@ def _chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
 
 
 async def _send_chunks(
-    stream: trio.SocketStream, chunks: list[bytes | bytearray | memoryview | Region]
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    chunks: list[bytes | bytearray | memoryview | Region]
 ) -> None:
-    """Sends bytes with send_all and file regions with sendfile, closing every region."""
+    """Sends bytes with send_all and file regions with sendfile (copied through a buffer over
+    TLS, ``raftlog.server.tls``), closing every region."""
     pending = bytearray()
     try:
+        if not isinstance(stream, trio.SocketStream):
+            try:
+                await send_copying(stream, chunks)
+            except EOFError as exc:
+                raise ConnectionClosed(str(exc)) from exc
+            return
         for chunk in chunks:
             if isinstance(chunk, bytes | bytearray | memoryview):
                 pending += chunk
@@ -523,19 +547,35 @@ async def serve_listener(
     stats: RequestStats | None = None,
     *,
     listener: str = LISTENER_NAME,
+    tls: TlsListener | None = None,
+    memory: RequestMemory | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listens on host:port and serves every connection in this task's own nursery,
-    recording requests and connections in ``stats`` (the node's; a fresh one by default)."""
+    recording requests and connections in ``stats`` (the node's; a fresh one by default).
+    With ``tls`` every connection first completes a TLS handshake. ``memory`` is the node's
+    request budget, shared by its listeners (a fresh one by default)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
-    log.info("Kafka listener on %s:%d", host, bound_port)
+    log.info("Kafka listener %s (%s) on %s:%d", listener, "SSL" if tls else "PLAINTEXT", host,
+             bound_port)
 
-    memory = RequestMemory(limits.queued_request_bytes_max)  # one budget for the node
+    if memory is None:
+        memory = RequestMemory(limits.queued_request_bytes_max)  # one budget for the node
     request_stats = RequestStats() if stats is None else stats
 
     async def handle(stream: trio.SocketStream) -> None:
-        await serve_connection(stream, handlers, limits, memory, request_stats, listener)
+        if tls is None:
+            await serve_connection(stream, handlers, limits, memory, request_stats, listener)
+            return
+        accepted = await accept_tls(stream, tls, _peer_name(stream))
+        if accepted is None:
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                await stream.aclose()
+            return
+        await serve_connection(accepted[0], handlers, limits, memory, request_stats, listener,
+                               principal=accepted[1])
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
