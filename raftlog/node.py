@@ -70,7 +70,12 @@ from raftlog.server.listener import (
     serve_listener,
 )
 from raftlog.server.request_stats import RequestStats
-from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
+from raftlog.server.sasl import (
+    ClusterActionGate,
+    SaslApis,
+    broker_epoch_extension,
+    build_authenticators,
+)
 from raftlog.txn.apis import TxnApis, build_coordinator
 from raftlog.txn.coordinator_service import PendingOffsets, TxnSettings
 from raftlog.txn.init_producer_id import ProducerApis
@@ -199,7 +204,8 @@ class Node:
         handlers = _merge_handlers(
             apis.handlers(), producer_apis.handlers(), controller_rpcs.handlers(),
             controller_apis.handlers(),
-            groups.handlers, SaslApis(credentials).handlers(), txn_apis.handlers(),
+            groups.handlers, txn_apis.handlers(), SaslApis(credentials, build_authenticators(
+                config.sasl, credentials, lambda: quorum.image)).handlers(),
         )
         channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas

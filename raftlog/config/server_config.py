@@ -38,6 +38,7 @@ from raftlog.config.properties import (
     load_properties,
     parse_list,
 )
+from raftlog.config.sasl import SaslSettings, parse_sasl_settings
 from raftlog.config.topics import (
     BROKER_TO_TOPIC_CONFIG,
     COMPRESSION_TYPES,
@@ -122,6 +123,8 @@ class ServerConfig:
     metrics_listener: tuple[str, int] | None = None
     metrics_partition_detail_enable: bool = False
     metrics_consumer_group_lag_partition_enable: bool = False
+    # SASL mechanisms, PLAIN users, re-authentication (raftlog.config.sasl).
+    sasl: SaslSettings = field(default_factory=SaslSettings)
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -263,6 +266,7 @@ def _build(props: Properties) -> ServerConfig:
         queued_max_request_bytes=props.integer("queued.max.request.bytes"),
         metrics_listener=parse_metrics_listener(props.text("metrics.listener"), listeners),
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
+        sasl=parse_sasl_settings(props.given),
         metrics_consumer_group_lag_partition_enable=props.boolean(
             "metrics.consumer.group.lag.partition.enable"),
     )

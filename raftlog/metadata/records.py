@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 from raftlog.metadata import _codec
 from raftlog.metadata._codec import CodecError
+from raftlog.metadata.image import ScramCredentialImage
 
 
 class RecordFormatError(CodecError):
@@ -141,6 +142,19 @@ class BecomeController:
     node_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class AlterUserScram:
+    """Set and delete one user's SCRAM credentials (by mechanism); salted keys only, the
+    controller derived them from the client's salted password (Kafka's
+    ``UserScramCredentialRecord`` / ``RemoveUserScramCredentialRecord``)."""
+
+    TAG: ClassVar[int] = 11
+    VERSION: ClassVar[int] = 0
+    user: str
+    upserts: tuple[ScramCredentialImage, ...]
+    deletions: tuple[str, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -152,6 +166,7 @@ Record: TypeAlias = (
     | PartitionChange
     | ProducerIdBlock
     | BecomeController
+    | AlterUserScram
 )
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
@@ -165,6 +180,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     PartitionChange,
     ProducerIdBlock,
     BecomeController,
+    AlterUserScram,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

@@ -130,6 +130,31 @@ class ScramServer:
         return b"v=" + base64.b64encode(signature)
 
 
+class ScramExchange:
+    """``ScramServer`` as a SASL exchange of two client tokens (``respond`` each in turn)."""
+
+    def __init__(self, server: ScramServer) -> None:
+        self._server = server
+        self._step = 0
+        self.complete = False
+
+    @property
+    def user(self) -> str | None:
+        return self._server.user
+
+    @property
+    def extensions(self) -> Mapping[str, str]:
+        return self._server.extensions
+
+    def respond(self, token: bytes) -> bytes:
+        self._step += 1
+        if self._step == 1:
+            return self._server.first(token)
+        reply = self._server.final(token)
+        self.complete = True
+        return reply
+
+
 @dataclass
 class ScramClient:
     """One client side of one exchange: ``first``, ``final``, then ``verify``."""
