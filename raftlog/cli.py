@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     from raftlog.tools import transactions as txn_cli
 
     txn_cli.add_parser(commands)
+    from raftlog.tools import users as users_cli
+
+    users_cli.add_parser(commands)
     from raftlog.tools import top
 
     top.add_parser(commands, DEFAULT_CLUSTER_DIR)
@@ -180,6 +183,10 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.tools import transactions as txn_cli
 
         return txn_cli.run(args)
+    if args.command == "users":
+        from raftlog.tools import users as users_cli
+
+        return users_cli.run(args)
     if args.command == "top":
         from raftlog.tools import top
 

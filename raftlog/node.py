@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import resource
 import signal
@@ -42,7 +43,7 @@ from raftlog.broker.lifecycle import (
 )
 from raftlog.client.connection import ClusterLogin
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
-from raftlog.config import ServerConfig
+from raftlog.config import ConfigError, ServerConfig
 from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
@@ -147,7 +148,8 @@ class Node:
 
     async def _serve(self, quorum: Quorum, task_status: trio.TaskStatus[int]) -> None:
         config = self.config
-        host, port = config.listener("PLAINTEXT")
+        listener_name = _client_listener(config)
+        host, port = config.listener(listener_name)
         is_broker = "broker" in config.process_roles
         credentials = ClusterCredentials(config.raft_secret) if config.raft_secret else None
         incarnation_id = _local_incarnation(quorum, config.node_id) or uuid.uuid4().hex
@@ -229,9 +231,10 @@ class Node:
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
-                self.kafka_port = await nursery.start(
-                    serve_listener, host, port, gate.wrap(handlers), limits, self.request_stats
-                )
+                self.kafka_port = await nursery.start(functools.partial(
+                    serve_listener, host, port, gate.wrap(handlers), limits, self.request_stats,
+                    listener=listener_name,
+                    sasl_required=listener_name in config.sasl.sasl_listeners))
                 if config.metrics_listener is not None:
                     await self._start_metrics(nursery, config.metrics_listener,
                                               lambda: not_ready_reasons(quorum, lifecycle, config))
@@ -317,6 +320,19 @@ class _GroupPendingOffsets:
 
     def has_pending(self, group: str, tp: tuple[str, int] | None = None) -> bool:
         return self._resolve().has_pending(group, tp)
+
+
+def _client_listener(config: ServerConfig) -> str:
+    """The Kafka listener this node serves: PLAINTEXT, else a SASL_PLAINTEXT listener (whose
+    connections log in first: the node's own log in with raft.secret, so it needs one)."""
+    names = [listener.name for listener in config.listeners]
+    if "PLAINTEXT" in names or not config.sasl.sasl_listeners:
+        return "PLAINTEXT"
+    name = config.sasl.sasl_listeners[0]
+    if not config.raft_secret:
+        raise ConfigError("listeners", f"the SASL_PLAINTEXT listener {name} needs raft.secret"
+                          " (or raft.secret.file): the node's own connections log in with it")
+    return name
 
 
 def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:

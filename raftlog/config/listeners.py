@@ -134,10 +134,11 @@ def _check_security_protocols(props: Properties, listener_names: set[str]) -> No
         protocol_map[name.strip().upper()] = protocol.strip().upper()
     for name in sorted(listener_names):
         protocol = protocol_map.get(name, name)
-        if protocol != "PLAINTEXT":
+        if protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):  # SASL: raftlog.config.sasl
             raise ConfigError(
                 "listener.security.protocol.map",
-                f"listener {name} uses {protocol}; raftlog supports only PLAINTEXT",
+                f"listener {name} uses {protocol}; raftlog supports PLAINTEXT and"
+                " SASL_PLAINTEXT",
             )
 
 

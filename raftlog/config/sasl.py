@@ -51,6 +51,9 @@ class SaslSettings:
     listener_plain_users: Mapping[str, Mapping[str, str]] = field(default_factory=dict,
                                                                   repr=False)
     reauth_ms: int = 0
+    # The listeners whose protocol is SASL_PLAINTEXT: a connection there must authenticate
+    # before anything but ApiVersions and the SASL exchange.
+    sasl_listeners: tuple[str, ...] = ()
 
     def plain_users_of(self, listener: str) -> Mapping[str, str]:
         return self.listener_plain_users.get(listener.upper(), self.plain_users)
@@ -61,8 +64,10 @@ def is_listener_sasl_property(key: str) -> bool:
     return _LISTENER_JAAS.fullmatch(key) is not None
 
 
-def parse_sasl_settings(props: Mapping[str, str]) -> SaslSettings:
-    """The SASL settings of the node's merged properties.
+def parse_sasl_settings(props: Mapping[str, str], protocol_map: str = "",
+                        listener_names: tuple[str, ...] = ()) -> SaslSettings:
+    """The SASL settings of the node's merged properties (``protocol_map``: the value of
+    ``listener.security.protocol.map``; ``listener_names``: the node's listeners).
 
     Raises:
         ConfigError: an unserved mechanism, or a JAAS line that is not a PlainLoginModule.
@@ -82,7 +87,18 @@ def parse_sasl_settings(props: Mapping[str, str]) -> SaslSettings:
             per_listener[match.group(1).upper()] = parse_plain_jaas(key, value)
     reauth = parse_int("connections.max.reauth.ms",
                        props.get("connections.max.reauth.ms", "") or "0", 0, LONG_MAX)
-    return SaslSettings(mechanisms, plain, per_listener, reauth)
+    return SaslSettings(mechanisms, plain, per_listener, reauth,
+                        sasl_listener_names(protocol_map, listener_names))
+
+
+def sasl_listener_names(protocol_map: str, listener_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The listeners mapped to SASL_PLAINTEXT (a name missing from the map is its own
+    protocol, as in Kafka)."""
+    mapped = {}
+    for item in parse_list(protocol_map):
+        name, _, protocol = item.partition(":")
+        mapped[name.strip().upper()] = protocol.strip().upper()
+    return tuple(name for name in listener_names if mapped.get(name, name) == "SASL_PLAINTEXT")
 
 
 def parse_plain_jaas(name: str, text: str) -> dict[str, str]:

@@ -266,7 +266,8 @@ def _build(props: Properties) -> ServerConfig:
         queued_max_request_bytes=props.integer("queued.max.request.bytes"),
         metrics_listener=parse_metrics_listener(props.text("metrics.listener"), listeners),
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
-        sasl=parse_sasl_settings(props.given),
+        sasl=parse_sasl_settings(props.given, props.required("listener.security.protocol.map"),
+                                 tuple(listener.name for listener in listeners)),
         metrics_consumer_group_lag_partition_enable=props.boolean(
             "metrics.consumer.group.lag.partition.enable"),
     )

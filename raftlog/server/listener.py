@@ -37,7 +37,7 @@ from raftlog.protocol.codec import Api, DecodeError, Region
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.protocol.schemas_security import SECURITY_APIS
-from raftlog.security.session import Session
+from raftlog.security.session import SaslState, Session
 from raftlog.server.request_memory import (
     FRAME_BUFFER_BYTES,
     QUEUED_MAX_REQUEST_BYTES_DEFAULT,
@@ -122,6 +122,7 @@ async def serve_connection(
     memory: RequestMemory | None = None,
     stats: RequestStats | None = None,
     listener: str = LISTENER_NAME,
+    sasl_required: bool = False,
 ) -> None:
     """Serves one client connection until it closes, idles out or breaks the protocol.
 
@@ -129,7 +130,7 @@ async def serve_connection(
     ``stats`` records its requests and counts it under ``listener``.
     """
     peer = _peer_name(stream)
-    session = Session(peer)
+    session = Session(peer, sasl_required=sasl_required)  # SASL_PLAINTEXT: log in first
     if memory is None:
         memory = RequestMemory(limits.queued_request_bytes_max)
     if stats is None:
@@ -252,7 +253,10 @@ def _dispatch(
     if not session.may_send(key, _SASL_KEYS):
         # Kafka: after a failed authentication, or during a SASL exchange, any other request
         # closes the connection.
-        raise ConnectionClosed(f"{api.name} not allowed in SASL state {session.sasl_state.value}")
+        state = ("before authentication on a SASL listener"
+                 if session.sasl_required and session.sasl_state is SaslState.NONE
+                 else f"in SASL state {session.sasl_state.value}")
+        raise ConnectionClosed(f"{api.name} not allowed {state}")
     slot = _Slot(api, version, correlation_id, lease, read, name=api.name)
     if not api.supports(version):
         if api is API_VERSIONS:
@@ -523,6 +527,7 @@ async def serve_listener(
     stats: RequestStats | None = None,
     *,
     listener: str = LISTENER_NAME,
+    sasl_required: bool = False,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listens on host:port and serves every connection in this task's own nursery,
@@ -535,7 +540,8 @@ async def serve_listener(
     request_stats = RequestStats() if stats is None else stats
 
     async def handle(stream: trio.SocketStream) -> None:
-        await serve_connection(stream, handlers, limits, memory, request_stats, listener)
+        await serve_connection(stream, handlers, limits, memory, request_stats, listener,
+                               sasl_required)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

@@ -333,3 +333,47 @@ def test_no_reauthentication_without_a_session_lifetime() -> None:
     session = Session("p")
     assert session.handshake("PLAIN", server) == 0 and session.authenticate(b"\0bob\0pw")[0] == 0
     assert session.handshake("PLAIN", server) == 34
+
+
+def _server_and_first(client: ScramClient) -> tuple[Any, bytes]:
+    from raftlog.security.scram import ScramServer
+
+    credential = ScramCredential.from_password(SHA512, b"pw", b"s" * 16)
+    server = ScramServer(SHA512, lambda m, u: credential, b"decoy")
+    return server, server.first(client.first())
+
+
+@pytest.mark.parametrize(("form", "accepted"), [
+    ("full", True), ("old-librdkafka", True), ("client-only", False), ("doubled-server", False),
+    ("other-prefix", False)])
+def test_client_final_nonce_forms(form: str, accepted: bool) -> None:
+    """RFC 5802's nonce, and old librdkafka's (client nonce + full nonce, librdkafka#4895):
+    any other nonce fails, even with a proof computed over it."""
+    import base64
+
+    from raftlog.security.scram import ScramError
+
+    client = ScramClient(SHA512, "alice", b"pw")
+    server, first = _server_and_first(client)
+    full = first.decode().split(",")[0][2:]
+    cnonce = client._nonce
+    nonce = {"full": full, "old-librdkafka": cnonce + full, "client-only": cnonce,
+             "doubled-server": full + full, "other-prefix": "x" + full}[form]
+    # A proof computed over the nonce sent and the server's real server-first (as librdkafka
+    # does).
+    name = "sha512"
+    import hashlib
+    import hmac as hmac_
+    salted = salted_password(SHA512, b"pw", b"s" * 16, 4096)
+    client_key = hmac_.new(salted, b"Client Key", name).digest()
+    without_proof = f"c={base64.b64encode(b'n,,').decode()},r={nonce}"
+    auth = f"n=alice,r={cnonce},{first.decode()},{without_proof}".encode()
+    signature = hmac_.new(hashlib.new(name, client_key).digest(), auth, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+    if accepted:
+        assert server.final(final).startswith(b"v=")
+        assert server.legacy_nonce is (form == "old-librdkafka")
+    else:
+        with pytest.raises(ScramError, match="nonce"):
+            server.final(final)
