@@ -326,8 +326,12 @@ def _client_listener(config: ServerConfig) -> str:
     """The Kafka listener this node serves: PLAINTEXT, else a SASL_PLAINTEXT listener (whose
     connections log in first: the node's own log in with raft.secret, so it needs one)."""
     names = [listener.name for listener in config.listeners]
-    if "PLAINTEXT" in names or not config.sasl.sasl_listeners:
+    if not config.sasl.sasl_listeners:
         return "PLAINTEXT"
+    if "PLAINTEXT" in names or len(config.sasl.sasl_listeners) > 1:
+        # Refused rather than leaving a configured SASL listener unserved.
+        raise ConfigError("listeners", "this node serves one Kafka listener: PLAINTEXT or"
+                          f" one SASL_PLAINTEXT listener, not {names}")
     name = config.sasl.sasl_listeners[0]
     if not config.raft_secret:
         raise ConfigError("listeners", f"the SASL_PLAINTEXT listener {name} needs raft.secret"

@@ -20,7 +20,7 @@ import enum
 import hashlib
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -162,6 +162,10 @@ class Session:
     sasl_state: SaslState = SaslState.NONE
     # On a SASL_* listener: nothing but ApiVersions and the SASL exchange until authenticated.
     sasl_required: bool = False
+    # KIP-368: when the authenticated session ends (the clock's seconds; None: never), and the
+    # clock (injected by the trio shell, so this module reads none itself).
+    expires_at: float | None = None
+    clock: Callable[[], float] | None = field(default=None, repr=False)
     _exchange: Exchange | None = field(default=None, repr=False)
     _mechanism: str = ""
     _reauthenticating: bool = False
@@ -180,6 +184,12 @@ class Session:
             return PRE_AUTH_FRAME_BYTES_MAX
         return None
 
+    @property
+    def expired(self) -> bool:
+        """Whether the authenticated session outlived ``connections.max.reauth.ms``."""
+        return (self.expires_at is not None and self.clock is not None
+                and self.clock() >= self.expires_at)
+
     def may_send(self, api_key: int, sasl_keys: frozenset[int]) -> bool:
         """Whether a request of ``api_key`` is allowed in the current SASL state (Kafka: once
         a handshake starts, nothing but SaslAuthenticate until it ends; on a SASL listener
@@ -188,6 +198,11 @@ class Session:
             return False
         if self.sasl_state in (SaslState.HANDSHAKE_DONE, SaslState.CHALLENGED):
             return api_key in sasl_keys
+        if self.expired and api_key not in sasl_keys:
+            # Kafka closes a connection whose session expired unless it re-authenticates.
+            log.info("%s: the session of %s expired without re-authentication", self.peer,
+                     self.principal)
+            return False
         if self.sasl_required and not self.authenticated:
             return api_key in sasl_keys or api_key == API_VERSIONS_KEY
         return True

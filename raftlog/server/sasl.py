@@ -16,6 +16,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Final
 
+import trio
+
 from raftlog.config.sasl import SaslSettings
 from raftlog.metadata.image import MetadataImage
 from raftlog.protocol.errors import ErrorCode
@@ -89,6 +91,10 @@ class SaslApis:
         lifetime = 0
         if not error and ctx.session.authenticated and self._authenticator is not None:
             lifetime = self._authenticator(ctx.session).reauth_ms
+        if lifetime > 0:
+            # KIP-368: the session ends after the lifetime unless the client re-authenticates.
+            ctx.session.clock = trio.current_time
+            ctx.session.expires_at = trio.current_time() + lifetime / 1000
         return {"error_code": error, "error_message": message, "auth_bytes": auth_bytes,
                 "session_lifetime_ms": lifetime}
 

@@ -377,3 +377,68 @@ def test_client_final_nonce_forms(form: str, accepted: bool) -> None:
     else:
         with pytest.raises(ScramError, match="nonce"):
             server.final(final)
+
+
+# -- SASL_PLAINTEXT listeners in the server config ---------------------------------------------
+
+def test_sasl_plaintext_listener_is_accepted_and_ssl_still_refused() -> None:
+    from raftlog.config import ServerConfig
+    from raftlog.node import _client_listener
+
+    props = {"node.id": "1", "listeners": "SASL_PLAINTEXT://127.0.0.1:9094,"
+             "CONTROLLER://127.0.0.1:9093",
+             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"}
+    config = ServerConfig.from_properties({**props, "raft.secret": "s"})
+    assert config.sasl.sasl_listeners == ("SASL_PLAINTEXT",)
+    assert _client_listener(config) == "SASL_PLAINTEXT"
+    with pytest.raises(ConfigError, match=r"needs raft\.secret"):
+        _client_listener(ServerConfig.from_properties(props))
+    both = ServerConfig.from_properties({
+        "node.id": "1", "listeners": "PLAINTEXT://h:1,USERS://h:2,CONTROLLER://h:3",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+                                          "USERS:SASL_PLAINTEXT"})
+    assert both.sasl.sasl_listeners == ("USERS",)
+    with pytest.raises(ConfigError, match="one Kafka listener"):
+        _client_listener(both)  # never a configured SASL listener left unserved
+    for protocol in ("SSL", "SASL_SSL"):
+        with pytest.raises(ConfigError, match=r"listener\.security\.protocol\.map"):
+            ServerConfig.from_properties({
+                "node.id": "1", "listeners": "X://h:1,CONTROLLER://h:2",
+                "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,X:{protocol}"})
+
+
+def test_session_expires_without_reauthentication() -> None:
+    """KIP-368 on the server: SaslAuthenticate answers the lifetime; once it is over only a
+    re-authentication is served (anything else closes the connection), which renews it."""
+    import trio
+
+    from raftlog.protocol.codec import RequestHeader
+    from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
+    from raftlog.server.listener import RequestContext
+    from raftlog.server.sasl import SaslApis
+
+    server = SaslAuthenticator(("PLAIN",), None, lambda m, u: None, {"bob": "pw"}, 30_000)
+    apis = SaslApis(None, lambda session: server)
+    session = Session("p")
+    sasl_keys = frozenset({17, 36})
+
+    def call(api: Any, body: dict[str, Any]) -> Any:
+        header = RequestHeader(api.key, 1, 1, "c")
+        return apis.handlers()[api.key](RequestContext(api, header, SimpleNamespace(**body),
+                                                       "p", session))
+
+    async def scenario() -> None:
+        assert call(SASL_HANDSHAKE, {"mechanism": "PLAIN"})["error_code"] == 0
+        answer = call(SASL_AUTHENTICATE, {"auth_bytes": b"\0bob\0pw"})
+        assert (answer["error_code"], answer["session_lifetime_ms"]) == (0, 30_000)
+        assert session.expires_at is not None
+        assert abs(session.expires_at - (trio.current_time() + 30)) < 1
+        assert session.may_send(3, sasl_keys)
+        session.expires_at = trio.current_time() - 1  # the lifetime is over
+        assert session.expired and not session.may_send(3, sasl_keys)
+        assert session.may_send(17, sasl_keys)  # re-authentication is still served
+        assert call(SASL_HANDSHAKE, {"mechanism": "PLAIN"})["error_code"] == 0
+        assert call(SASL_AUTHENTICATE, {"auth_bytes": b"\0bob\0pw"})["error_code"] == 0
+        assert not session.expired and session.may_send(3, sasl_keys)
+
+    trio.run(scenario)
