@@ -156,6 +156,10 @@ class ScramExchange:
     def extensions(self) -> Mapping[str, str]:
         return self._server.extensions
 
+    @property
+    def legacy_nonce(self) -> bool:
+        return self._server.legacy_nonce
+
     def respond(self, token: bytes) -> bytes:
         self._step += 1
         if self._step == 1:

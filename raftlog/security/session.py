@@ -160,6 +160,8 @@ class Session:
     broker_id: int | None = None
     broker_epoch: int = -1
     sasl_state: SaslState = SaslState.NONE
+    # The listener the connection came in on (its PLAIN users may be its own).
+    listener: str = "PLAINTEXT"
     # On a SASL_* listener: nothing but ApiVersions and the SASL exchange until authenticated.
     sasl_required: bool = False
     # KIP-368: when the authenticated session ends (the clock's seconds; None: never), and the
@@ -274,7 +276,9 @@ class Session:
         if self._reauthenticating:
             log.debug("%s re-authenticated as %s", self.peer, self.principal)
         else:
-            log.info("%s authenticated as %s (%s)", self.peer, self.principal, self._mechanism)
+            log.info("%s authenticated as %s (%s%s)", self.peer, self.principal, self._mechanism,
+                     ", old librdkafka's SCRAM nonce" if getattr(exchange, "legacy_nonce", False)
+                     else "")
         self._reauthenticating = False
 
 

@@ -130,7 +130,7 @@ async def serve_connection(
     ``stats`` records its requests and counts it under ``listener``.
     """
     peer = _peer_name(stream)
-    session = Session(peer, sasl_required=sasl_required)  # SASL_PLAINTEXT: log in first
+    session = Session(peer, listener=listener, sasl_required=sasl_required)
     if memory is None:
         memory = RequestMemory(limits.queued_request_bytes_max)
     if stats is None:

@@ -116,7 +116,7 @@ def build_authenticators(sasl: SaslSettings, credentials: ClusterCredentials | N
     by_listener: dict[str, SaslAuthenticator] = {}
 
     def authenticator(session: Session) -> SaslAuthenticator:
-        listener = str(getattr(session, "listener", "PLAINTEXT")).upper()
+        listener = session.listener.upper()
         found = by_listener.get(listener)
         if found is None:
             found = by_listener[listener] = SaslAuthenticator(
