@@ -45,6 +45,7 @@ from raftlog.client.connection import ClusterLogin
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ConfigError, ServerConfig
 from raftlog.controller.rpcs import ControllerRpcs
+from raftlog.controller.scram_bootstrap import bootstrap_when_controller, read_bootstrap
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
@@ -240,6 +241,10 @@ class Node:
                                               lambda: not_ready_reasons(quorum, lifecycle, config))
                 if config.is_controller:
                     await nursery.start(controller.run)
+                    bootstrap = read_bootstrap(config.metadata_log_dir)  # raftlog format
+                    if bootstrap is not None:
+                        nursery.start_soon(bootstrap_when_controller, quorum, controller,
+                                           bootstrap)
                 if is_broker:
                     await nursery.start(lifecycle.run)
                     await nursery.start(producer_ids.run)

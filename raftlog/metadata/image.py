@@ -110,6 +110,7 @@ class MetadataImage:
         controller_node_id: The node that became controller in ``controller_term``, or -1.
         next_producer_id: First producer id not yet handed out in a ProducerIdBlock.
         scram_users: SCRAM credentials by user name, then by mechanism.
+        scram_version: Offset of the last record that changed ``scram_users``, -1 if none.
     """
 
     version: int = EMPTY_VERSION
@@ -123,6 +124,8 @@ class MetadataImage:
     # SCRAM users: user name -> mechanism -> credential.
     scram_users: Mapping[str, Mapping[str, ScramCredentialImage]] = field(
         default_factory=frozen_mapping)
+    # Offset of the last SCRAM change (-1: none ever; bootstrap users apply only then).
+    scram_version: int = EMPTY_VERSION
 
     def topic(self, name: str) -> TopicImage | None:
         """The topic called ``name``, or None."""
@@ -171,7 +174,7 @@ def image_from_plain(plain: object, image_format: object, path: str) -> Metadata
     """Decode an image written in ``image_format`` (an older format is read as the current
     one: format 1 had no SCRAM users)."""
     if image_format == 1 and isinstance(plain, dict) and "scram_users" not in plain:
-        plain = {**plain, "scram_users": {}}
+        plain = {**plain, "scram_users": {}, "scram_version": EMPTY_VERSION}
     image: MetadataImage = _codec.from_plain(MetadataImage, plain, path)
     return image
 
@@ -194,6 +197,7 @@ def check_image(image: MetadataImage) -> None:
         assert resource.version <= image.version
     assert image.controller_term >= 0
     assert image.next_producer_id >= 0
+    assert EMPTY_VERSION <= image.scram_version <= image.version
     for user, credentials in image.scram_users.items():
         assert user and credentials
         assert all(c.mechanism == m for m, c in credentials.items())

@@ -155,6 +155,17 @@ class AlterUserScram:
     deletions: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class BootstrapScramUsers:
+    """The SCRAM users of ``raftlog format --add-scram`` (KIP-900): applied only to a log that
+    never changed a SCRAM user, else a no-op, so whichever controller proposes them first
+    bootstraps the cluster exactly once."""
+
+    TAG: ClassVar[int] = 12
+    VERSION: ClassVar[int] = 0
+    users: tuple[AlterUserScram, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -167,6 +178,7 @@ Record: TypeAlias = (
     | ProducerIdBlock
     | BecomeController
     | AlterUserScram
+    | BootstrapScramUsers
 )
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
@@ -181,6 +193,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     ProducerIdBlock,
     BecomeController,
     AlterUserScram,
+    BootstrapScramUsers,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

@@ -14,7 +14,7 @@ from typing import Final
 from raftlog.metadata import errors
 from raftlog.metadata.apply_support import reject, with_item, without_item
 from raftlog.metadata.image import MetadataImage, ScramCredentialImage, frozen_mapping
-from raftlog.metadata.records import AlterUserScram
+from raftlog.metadata.records import AlterUserScram, BootstrapScramUsers
 
 # Kafka's mechanism names and digest sizes (ScramMechanism: type 1 and 2 on the wire).
 SCRAM_KEY_BYTES: Final = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}
@@ -56,7 +56,23 @@ def user_problem(user: str) -> str | None:
     return None
 
 
-def alter_user_scram(image: MetadataImage, record: AlterUserScram) -> tuple[MetadataImage, None]:
+def bootstrap_scram_users(image: MetadataImage, record: BootstrapScramUsers, offset: int
+                          ) -> tuple[MetadataImage, int]:
+    """BootstrapScramUsers: every user, atomically, on a log that never changed a SCRAM user;
+    a no-op otherwise. Returns how many users it added."""
+    if image.scram_version != -1:
+        return image, 0
+    users = [user.user for user in record.users]
+    if not users or len(set(users)) != len(users) or any(u.deletions for u in record.users):
+        reject(errors.INVALID_REQUEST, "bootstrap users must be distinct upserts")
+    next_image = image
+    for user in record.users:
+        next_image, _ = alter_user_scram(next_image, user, offset)
+    return next_image, len(users)
+
+
+def alter_user_scram(image: MetadataImage, record: AlterUserScram, offset: int
+                     ) -> tuple[MetadataImage, None]:
     """AlterUserScram: deletions first, then upserts (a mechanism may not appear twice)."""
     problem = user_problem(record.user)
     if problem is not None:
@@ -81,4 +97,4 @@ def alter_user_scram(image: MetadataImage, record: AlterUserScram) -> tuple[Meta
         users = with_item(image.scram_users, record.user, frozen_mapping(current))
     else:
         users = without_item(image.scram_users, record.user)
-    return dataclasses.replace(image, scram_users=users), None
+    return dataclasses.replace(image, scram_users=users, scram_version=offset), None

@@ -52,6 +52,7 @@ from raftlog.metadata.records import (
     AlterConfigs,
     AlterUserScram,
     BecomeController,
+    BootstrapScramUsers,
     Command,
     CreatePartitions,
     CreateTopic,
@@ -63,7 +64,7 @@ from raftlog.metadata.records import (
     RegisterBroker,
     UnfenceBroker,
 )
-from raftlog.metadata.scram_apply import alter_user_scram
+from raftlog.metadata.scram_apply import alter_user_scram, bootstrap_scram_users
 from raftlog.metadata.topic_apply import (
     METADATA_TOPIC_NAME,
     PARTITIONS_PER_TOPIC_MAX,
@@ -165,7 +166,9 @@ def _apply_record(
         case BecomeController():
             return become_controller(image, record)
         case AlterUserScram():
-            return alter_user_scram(image, record)
+            return alter_user_scram(image, record, offset)
+        case BootstrapScramUsers():
+            return bootstrap_scram_users(image, record, offset)
         case _:
             assert_never(record)
 
@@ -229,7 +232,7 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
         case AlterConfigs():
             resource = image.broker_configs.get(record.resource_name)
             return -1 if resource is None else resource.version
-        case ProducerIdBlock() | BecomeController() | AlterUserScram():
+        case ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers():
             return -1
         case _:
             assert_never(record)

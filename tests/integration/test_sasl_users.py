@@ -11,8 +11,10 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.security.scram import ScramClient
 from tests.fuzz_frames import request_payload
 from tests.integration.conftest import BROKER_SECRET, BrokerProcess
+from tests.integration.helpers import wait_until
 
 PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 JAAS = f'{PLAIN_MODULE} required user_bob="bob-secret" user_carol="carol-secret";'
@@ -354,3 +357,35 @@ def test_debian_kcat(sasl_node: BrokerProcess, mechanism: str, user: str,
     assert result.returncode == 0, result.stderr
     wrong = _kcat(sasl_node, mechanism, user, "not-the-password")
     assert wrong.returncode != 0
+
+
+def test_format_add_scram_users_exist_at_first_start(tmp_path: Path) -> None:
+    """``raftlog format --add-scram`` (KIP-900): the first controller commits the users."""
+    process = BrokerProcess(tmp_path)
+    config = process.write_config()
+    formatted = subprocess.run(
+        [sys.executable, "-m", "raftlog", "format", "--config", str(config), "--add-scram",
+         "SCRAM-SHA-512=[name=admin,password=admin-secret,iterations=8192]"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    assert formatted.returncode == 0, formatted.stderr
+    process.start()
+    try:
+        def described() -> bool:
+            listed = subprocess.run(
+                [sys.executable, "-m", "raftlog", "users", "list", "admin",
+                 "--bootstrap-server", process.bootstrap],
+                capture_output=True, text=True, timeout=60, check=False)
+            return "admin: SCRAM-SHA-512 (iterations 8192)" in listed.stdout
+
+        wait_until(described, 15, "the bootstrap user")
+        assert _Raw(process.port).scram("SCRAM-SHA-512", "admin", "admin-secret") == (0, None)
+        # Deleted, it stays deleted across a restart (the file is only for a fresh log).
+        _users(process, "delete", "admin")
+        process.restart()
+        _users(process, "add", "probe", "--password", "probe-pw")  # the controller is back
+        time.sleep(2 * 1.0)  # the bootstrap task's retry interval, twice
+        assert "admin" not in _users(process, "list").stdout
+        assert _Raw(process.port).scram("SCRAM-SHA-512", "admin", "admin-secret")[0] == 58
+        assert _Raw(process.port).scram("SCRAM-SHA-512", "probe", "probe-pw") == (0, None)
+    finally:
+        process.stop()

@@ -108,6 +108,7 @@ def test_tags_are_stable() -> None:
         9: "ProducerIdBlock",
         10: "BecomeController",
         11: "AlterUserScram",
+        12: "BootstrapScramUsers",
     }
 
 

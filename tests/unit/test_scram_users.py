@@ -442,3 +442,46 @@ def test_session_expires_without_reauthentication() -> None:
         assert not session.expired and session.may_send(3, sasl_keys)
 
     trio.run(scenario)
+
+
+# -- Bootstrap users (raftlog format --add-scram) ----------------------------------------------
+
+def test_bootstrap_users_apply_once_and_only_to_a_log_without_scram_changes(
+        tmp_path: Any) -> None:
+    from raftlog.controller.scram_bootstrap import (
+        BootstrapError,
+        parse_add_scram,
+        read_bootstrap,
+        write_bootstrap,
+    )
+    from raftlog.metadata.records import BootstrapScramUsers
+
+    entries = [parse_add_scram("SCRAM-SHA-512=[name=admin,password=admin-pw]"),
+               parse_add_scram("SCRAM-SHA-256=[name=admin,password=admin-pw,iterations=8192]"),
+               parse_add_scram('SCRAM-SHA-256=[name=ops,password="ops-pw"]')]
+    path = write_bootstrap(tmp_path, entries)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert "admin-pw" not in path.read_text()
+    record = read_bootstrap(tmp_path)
+    assert record is not None and [u.user for u in record.users] == ["admin", "ops"]
+    assert read_bootstrap(tmp_path / "nothing") is None
+    for bad in ("SCRAM-SHA-1=[name=a,password=b]", "SCRAM-SHA-256=[name=a]",
+                "SCRAM-SHA-256=[name=a,password=b,iterations=100]",
+                "SCRAM-SHA-256=[name=__raftlog-admin,password=b]",
+                "SCRAM-SHA-256=[name=a,password=b,salt=c]"):
+        with pytest.raises(BootstrapError):
+            parse_add_scram(bad)
+
+    fresh = MetadataStateMachine()
+    assert fresh.apply(Command(record, 0, "b1"), 1).value == 2
+    assert sorted(fresh.image.scram_users["admin"]) == [SHA256, SHA512]
+    again = BootstrapScramUsers((AlterUserScram("late", (_credential(),), ()),))
+    assert fresh.apply(Command(again, 0, "b2"), 2).value == 0  # a second bootstrap: no-op
+    assert "late" not in fresh.image.scram_users
+    # A cluster whose users were all deleted again never gets them back from a late file.
+    used = MetadataStateMachine()
+    _apply(used, AlterUserScram("x", (_credential(),), ()))
+    _apply(used, AlterUserScram("x", (), (SHA256,)))
+    assert used.image.scram_users == {} and used.image.scram_version == used.image.version
+    assert used.apply(Command(record, 0, "b3"), used.image.version + 1).value == 0
+    assert used.image.scram_users == {}
