@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     from raftlog.tools import transactions as txn_cli
 
     txn_cli.add_parser(commands)
+    from raftlog.tools import users as users_cli
+
+    users_cli.add_parser(commands)
+    from raftlog.tools import storage_format
+
+    storage_format.add_parser(commands)
     from raftlog.tools import top
 
     top.add_parser(commands, DEFAULT_CLUSTER_DIR)
@@ -180,6 +186,14 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.tools import transactions as txn_cli
 
         return txn_cli.run(args)
+    if args.command == "format":
+        from raftlog.tools import storage_format
+
+        return storage_format.run(args)
+    if args.command == "users":
+        from raftlog.tools import users as users_cli
+
+        return users_cli.run(args)
     if args.command == "top":
         from raftlog.tools import top
 

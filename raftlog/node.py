@@ -45,6 +45,7 @@ from raftlog.client.connection import ClusterLogin
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ConfigError, ServerConfig
 from raftlog.controller.rpcs import ControllerRpcs
+from raftlog.controller.scram_bootstrap import bootstrap_when_controller, read_bootstrap
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
@@ -73,7 +74,12 @@ from raftlog.server.listener import (
 )
 from raftlog.server.request_memory import RequestMemory
 from raftlog.server.request_stats import RequestStats
-from raftlog.server.sasl import ClusterActionGate, SaslApis, broker_epoch_extension
+from raftlog.server.sasl import (
+    ClusterActionGate,
+    SaslApis,
+    broker_epoch_extension,
+    build_authenticators,
+)
 from raftlog.server.tls import build_tls_listener
 from raftlog.txn.apis import TxnApis, build_coordinator
 from raftlog.txn.coordinator_service import PendingOffsets, TxnSettings
@@ -150,6 +156,7 @@ class Node:
 
     async def _serve(self, quorum: Quorum, task_status: trio.TaskStatus[int]) -> None:
         config = self.config
+        _check_sasl_listeners(config)
         is_broker = "broker" in config.process_roles
         credentials = ClusterCredentials(config.raft_secret) if config.raft_secret else None
         incarnation_id = _local_incarnation(quorum, config.node_id) or uuid.uuid4().hex
@@ -206,7 +213,8 @@ class Node:
         handlers = _merge_handlers(
             apis.handlers(), producer_apis.handlers(), controller_rpcs.handlers(),
             controller_apis.handlers(),
-            groups.handlers, SaslApis(credentials).handlers(), txn_apis.handlers(),
+            groups.handlers, txn_apis.handlers(), SaslApis(credentials, build_authenticators(
+                config.sasl, credentials, lambda: quorum.image)).handlers(),
         )
         channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
@@ -236,6 +244,10 @@ class Node:
                                               lambda: not_ready_reasons(quorum, lifecycle, config))
                 if config.is_controller:
                     await nursery.start(controller.run)
+                    bootstrap = read_bootstrap(config.metadata_log_dir)  # raftlog format
+                    if bootstrap is not None:
+                        nursery.start_soon(bootstrap_when_controller, quorum, controller,
+                                           bootstrap)
                 if is_broker:
                     await nursery.start(lifecycle.run)
                     await nursery.start(producer_ids.run)
@@ -271,7 +283,7 @@ class Node:
             self.listener_ports[name] = await nursery.start(functools.partial(
                 serve_listener, listener.host, listener.port, served, limits,
                 self.request_stats, listener=listener.name, tls=self._tls.get(listener.name),
-                memory=memory))
+                memory=memory, sasl_required=name in config.sasl.sasl_listeners))
         if not self.listener_ports:
             raise ConfigError("listeners", "the node needs a Kafka listener besides the"
                               " controller's")
@@ -349,6 +361,15 @@ class _GroupPendingOffsets:
 
     def has_pending(self, group: str, tp: tuple[str, int] | None = None) -> bool:
         return self._resolve().has_pending(group, tp)
+
+
+def _check_sasl_listeners(config: ServerConfig) -> None:
+    """A SASL_PLAINTEXT inter-broker listener needs raft.secret: the node's own connections
+    (registration, replica fetches, markers) log in with it."""
+    name = config.inter_broker_listener_name
+    if name in config.sasl.sasl_listeners and not config.raft_secret:
+        raise ConfigError("listeners", f"the SASL_PLAINTEXT listener {name} carries the nodes'"
+                          " own connections and needs raft.secret (or raft.secret.file)")
 
 
 def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:

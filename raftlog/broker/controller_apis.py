@@ -18,6 +18,9 @@ AllocateProducerIds) and DescribeQuorum are served by :mod:`raftlog.controller.r
   controllership answers NOT_CONTROLLER, and the forwarding node's channel tries the next
   candidate). Anywhere else the envelope itself is answered NOT_CONTROLLER. Only an Envelope
   counts as forwarded; a client's client.id means nothing.
+* DescribeUserScramCredentials (50) is answered from this node's image; AlterUserScramCredentials
+  (51) is decided by the controller and forwarded like AlterConfigs
+  (:mod:`raftlog.broker.scram_apis`).
 * Metadata (3): on a node that is not the controller, topic auto-creation is forwarded to the
   controller as a CreateTopics request in an Envelope (as Kafka brokers forward it), then
   answered locally.
@@ -37,6 +40,7 @@ from typing import Any, Final, Protocol
 import trio
 
 from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX
+from raftlog.broker.scram_apis import ScramCredentialApis, refused_body
 from raftlog.config import ServerConfig
 from raftlog.controller.core import CONFIG_OP_SET, ConfigAlteration, ConfigOp
 from raftlog.controller.service import ControllerService, ControllerUnavailableError
@@ -53,6 +57,10 @@ from raftlog.protocol.schemas import (
     ENVELOPE,
     INCREMENTAL_ALTER_CONFIGS,
     METADATA,
+)
+from raftlog.protocol.schemas_security import (
+    ALTER_USER_SCRAM_CREDENTIALS,
+    DESCRIBE_USER_SCRAM_CREDENTIALS,
 )
 from raftlog.quorum.interface import Quorum, QuorumTimeoutError
 from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
@@ -100,6 +108,7 @@ class ControllerApis:
         self.controller = controller
         self.apis = apis
         self.forward = forward
+        self.scram = ScramCredentialApis(quorum, controller)
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -110,6 +119,8 @@ class ControllerApis:
             ALTER_CONFIGS.key: self.alter_configs,
             INCREMENTAL_ALTER_CONFIGS.key: self.incremental_alter_configs,
             ENVELOPE.key: self.envelope,
+            DESCRIBE_USER_SCRAM_CREDENTIALS.key: self.scram.describe,
+            ALTER_USER_SCRAM_CREDENTIALS.key: self.alter_user_scram_credentials,
         }
         return dict(table)
 
@@ -123,6 +134,8 @@ class ControllerApis:
                 ctx, incremental=False, forwarded=True),
             INCREMENTAL_ALTER_CONFIGS.key: lambda ctx: self._alter_configs(
                 ctx, incremental=True, forwarded=True),
+            ALTER_USER_SCRAM_CREDENTIALS.key: lambda ctx: self.alter_user_scram_credentials(
+                ctx, forwarded=True),
         }
 
     # -- Envelope (KIP-590) --------------------------------------------------------------------
@@ -299,6 +312,33 @@ class ControllerApis:
                 log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
                 return _config_responses(request.resources, errors.REQUEST_TIMED_OUT,
                                          f"The controller could not be reached: {exc}")
+            body: Body = response.to_dict()
+            return body
+
+        return forward_to_controller
+
+    # -- AlterUserScramCredentials ---------------------------------------------------------
+
+    def alter_user_scram_credentials(self, ctx: RequestContext, forwarded: bool = False
+                                     ) -> HandlerResult:
+        if self.quorum.controller_ready:
+            return self.scram.alter(ctx)
+        if self.forward is None or forwarded:
+            return refused_body(ctx.body, errors.NOT_CONTROLLER, NOT_CONTROLLER_MESSAGE)
+
+        async def forward_to_controller() -> Body:
+            try:
+                response = await self._forward_enveloped(
+                    ctx, ctx.api, ctx.header.api_version, ctx.body.to_dict(),
+                    lambda inner: any(r.error_code == errors.NOT_CONTROLLER
+                                      for r in inner.results))
+            except EnvelopeError as exc:
+                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
+                return refused_body(ctx.body, exc.error_code, str(exc))
+            except Exception as exc:  # unreachable controller: retriable for the client
+                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
+                return refused_body(ctx.body, errors.REQUEST_TIMED_OUT,
+                                    f"The controller could not be reached: {exc}")
             body: Body = response.to_dict()
             return body
 

@@ -20,6 +20,7 @@ from raftlog.config.properties import (
     parse_choice,
     parse_int,
 )
+from raftlog.config.sasl import SASL_PROPERTY_DEFAULTS, is_listener_sasl_property
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,9 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "metrics.listener": None,
     "metrics.partition.detail.enable": "false",
     "metrics.consumer.group.lag.partition.enable": "false",
+    # SASL for clients (raftlog.config.sasl): sasl.enabled.mechanisms, sasl.jaas.config,
+    # connections.max.reauth.ms.
+    **SASL_PROPERTY_DEFAULTS,
 }
 
 # Kafka properties that are valid but mean nothing here (thread pools, socket buffers, internal
@@ -149,7 +153,8 @@ def warn_unknown(props: Mapping[str, str]) -> None:
     for key in sorted(props):
         if key in ACCEPTED_WITHOUT_EFFECT:
             logger.info("property %s is accepted for Kafka compatibility and has no effect", key)
-        elif key not in DEFAULTS and not _is_listener_ssl_override(key):
+        elif (key not in DEFAULTS and not _is_listener_ssl_override(key)
+              and not is_listener_sasl_property(key)):
             logger.warning("unknown property %s ignored", key)
 
 
@@ -165,6 +170,11 @@ class Properties:
 
     def __init__(self, props: Mapping[str, str]) -> None:
         self._props = props
+
+    @property
+    def given(self) -> Mapping[str, str]:
+        """The properties as given, without defaults (for per-listener names)."""
+        return self._props
 
     def is_set(self, name: str) -> bool:
         return bool(self._props.get(name, ""))

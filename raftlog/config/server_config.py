@@ -38,6 +38,7 @@ from raftlog.config.properties import (
     load_properties,
     parse_list,
 )
+from raftlog.config.sasl import SaslSettings, parse_sasl_settings
 from raftlog.config.tls import SSL, TlsSettings, parse_security_protocols, parse_tls_settings
 from raftlog.config.topics import (
     BROKER_TO_TOPIC_CONFIG,
@@ -126,6 +127,8 @@ class ServerConfig:
     # Each listener's security protocol (PLAINTEXT or SSL) and each SSL listener's settings.
     listener_protocols: tuple[tuple[str, str], ...] = ()
     tls: tuple[TlsSettings, ...] = ()
+    # SASL mechanisms, PLAIN users, re-authentication (raftlog.config.sasl).
+    sasl: SaslSettings = field(default_factory=SaslSettings)
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -284,6 +287,8 @@ def _build(props: Properties) -> ServerConfig:
         queued_max_request_bytes=props.integer("queued.max.request.bytes"),
         metrics_listener=parse_metrics_listener(props.text("metrics.listener"), listeners),
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
+        sasl=parse_sasl_settings(props.given, props.required("listener.security.protocol.map"),
+                                 tuple(listener.name for listener in listeners)),
         metrics_consumer_group_lag_partition_enable=props.boolean(
             "metrics.consumer.group.lag.partition.enable"),
         listener_protocols=tuple(sorted(protocols.items())),

@@ -1,7 +1,7 @@
 """Listener security protocols and the TLS settings of SSL listeners, in Kafka's PEM form.
 
-``listener.security.protocol.map`` gives each listener its protocol: PLAINTEXT or SSL here
-(SASL_PLAINTEXT and SASL_SSL are refused until clients have credentials to log in with). An
+``listener.security.protocol.map`` gives each listener its protocol: PLAINTEXT, SSL
+and SASL_PLAINTEXT (raftlog.config.sasl); SASL_SSL is refused until SASL runs over TLS. An
 SSL listener takes Kafka's ``ssl.*`` properties, each overridable per listener as
 ``listener.name.<lower-case name>.ssl.*``:
 
@@ -29,7 +29,9 @@ from raftlog.security.principal import PrincipalMapper, PrincipalMappingError
 
 PLAINTEXT: Final = "PLAINTEXT"
 SSL: Final = "SSL"
-SASL_PROTOCOLS: Final = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+SASL_PLAINTEXT: Final = "SASL_PLAINTEXT"
+SASL_SSL: Final = "SASL_SSL"
+SASL_PROTOCOLS: Final = frozenset({SASL_PLAINTEXT, SASL_SSL})
 KNOWN_PROTOCOLS: Final = frozenset({PLAINTEXT, SSL, *SASL_PROTOCOLS})
 CLIENT_AUTH: Final = frozenset({"none", "requested", "required"})
 TLS_VERSIONS: Final = ("TLSv1.2", "TLSv1.3")
@@ -79,12 +81,11 @@ def parse_security_protocols(
             raise ConfigError("listener.security.protocol.map",
                               f"listener {name} has no security protocol (got {protocol!r};"
                               f" expected one of {sorted(KNOWN_PROTOCOLS)})")
-        if protocol in SASL_PROTOCOLS:
+        if protocol == SASL_SSL:
             raise ConfigError(
                 "listener.security.protocol.map",
-                f"listener {name} uses {protocol}; raftlog serves PLAINTEXT and SSL listeners"
-                " only: SASL for clients needs user credentials (SCRAM users, PLAIN), which"
-                " raftlog does not have yet (only its own nodes authenticate, with raft.secret)")
+                f"listener {name} uses {protocol}; raftlog serves PLAINTEXT, SSL and"
+                " SASL_PLAINTEXT listeners: SASL over TLS is not served yet")
         if protocol == SSL and name in controller_names:
             raise ConfigError(
                 "listener.security.protocol.map",

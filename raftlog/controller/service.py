@@ -41,7 +41,13 @@ from raftlog.metadata import errors
 from raftlog.metadata.errors import wire_error_code
 from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
 from raftlog.metadata.placement import PlacementError
-from raftlog.metadata.records import FenceBroker, PartitionChange, ProducerIdBlock, UnfenceBroker
+from raftlog.metadata.records import (
+    FenceBroker,
+    PartitionChange,
+    ProducerIdBlock,
+    Record,
+    UnfenceBroker,
+)
 from raftlog.metadata.state import ApplyResult
 from raftlog.metrics.recorders import Counter
 from raftlog.quorum.interface import (
@@ -392,6 +398,20 @@ class ControllerService:
             if result.error_code != errors.STALE_METADATA_VERSION:
                 return wire_error_code(result.error_code), message
         return errors.REQUEST_TIMED_OUT, f"The resource kept changing ({message}); retry."
+
+    async def commit(self, record: Record) -> tuple[int, str | None]:
+        """Propose one record decided outside the core (AlterUserScram: the admin handler
+        checked it against the image; the state machine checks it again in log order).
+        Returns (Kafka error code, message).
+
+        Raises:
+            ControllerUnavailableError: not the controller, or the quorum did not commit.
+        """
+        term = self._require()
+        result = await self._propose(term, Proposal(record))
+        if not result.ok:
+            return wire_error_code(result.error_code), result.message
+        return errors.NONE, None
 
     def place_replicas(
         self, topic: str, num_partitions: int, replication_factor: int

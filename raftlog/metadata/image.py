@@ -22,7 +22,9 @@ NO_LEADER: Final = -1
 # Offset of an image to which nothing has been applied yet.
 EMPTY_VERSION: Final = -1
 # Snapshot layout version, bumped whenever an image dataclass changes shape.
-IMAGE_FORMAT_VERSION: Final = 1
+IMAGE_FORMAT_VERSION: Final = 2
+# Format 1 had no ``scram_users``; it reads as an image without SCRAM users.
+_IMAGE_FORMATS_READ: Final = (1, 2)
 _IMAGE_KIND: Final = "raftlog.metadata.image"
 
 K = TypeVar("K")
@@ -86,6 +88,18 @@ class ConfigResourceImage:
 
 
 @dataclass(frozen=True, slots=True)
+class ScramCredentialImage:
+    """One user's SCRAM credential for one mechanism: salted keys only, never a password
+    (Kafka's ``UserScramCredentialRecord``)."""
+
+    mechanism: str
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataImage:
     """All cluster metadata as of log offset ``version``.
 
@@ -95,6 +109,8 @@ class MetadataImage:
         controller_term: Term of the last accepted BecomeController; 0 means none yet.
         controller_node_id: The node that became controller in ``controller_term``, or -1.
         next_producer_id: First producer id not yet handed out in a ProducerIdBlock.
+        scram_users: SCRAM credentials by user name, then by mechanism.
+        scram_version: Offset of the last record that changed ``scram_users``, -1 if none.
     """
 
     version: int = EMPTY_VERSION
@@ -105,6 +121,11 @@ class MetadataImage:
     controller_term: int = 0
     controller_node_id: int = -1
     next_producer_id: int = 0
+    # SCRAM users: user name -> mechanism -> credential.
+    scram_users: Mapping[str, Mapping[str, ScramCredentialImage]] = field(
+        default_factory=frozen_mapping)
+    # Offset of the last SCRAM change (-1: none ever; bootstrap users apply only then).
+    scram_version: int = EMPTY_VERSION
 
     def topic(self, name: str) -> TopicImage | None:
         """The topic called ``name``, or None."""
@@ -141,11 +162,20 @@ def image_from_bytes(data: bytes) -> MetadataImage:
     """
     plain = _codec.loads(data)
     header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
-    if header != (_IMAGE_KIND, IMAGE_FORMAT_VERSION):
+    if header is None or header[0] != _IMAGE_KIND or header[1] not in _IMAGE_FORMATS_READ:
         raise CodecError(f"not a metadata image of a supported format: {header}")
     assert isinstance(plain, dict)
-    image: MetadataImage = _codec.from_plain(MetadataImage, plain.get("image"), "image")
+    image = image_from_plain(plain.get("image"), header[1], "image")
     check_image(image)
+    return image
+
+
+def image_from_plain(plain: object, image_format: object, path: str) -> MetadataImage:
+    """Decode an image written in ``image_format`` (an older format is read as the current
+    one: format 1 had no SCRAM users)."""
+    if image_format == 1 and isinstance(plain, dict) and "scram_users" not in plain:
+        plain = {**plain, "scram_users": {}, "scram_version": EMPTY_VERSION}
+    image: MetadataImage = _codec.from_plain(MetadataImage, plain, path)
     return image
 
 
@@ -167,6 +197,10 @@ def check_image(image: MetadataImage) -> None:
         assert resource.version <= image.version
     assert image.controller_term >= 0
     assert image.next_producer_id >= 0
+    assert EMPTY_VERSION <= image.scram_version <= image.version
+    for user, credentials in image.scram_users.items():
+        assert user and credentials
+        assert all(c.mechanism == m for m, c in credentials.items())
 
 
 def _check_partition(index: int, partition: PartitionImage) -> None:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 from raftlog.metadata import _codec
 from raftlog.metadata._codec import CodecError
+from raftlog.metadata.image import ScramCredentialImage
 
 
 class RecordFormatError(CodecError):
@@ -141,6 +142,30 @@ class BecomeController:
     node_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class AlterUserScram:
+    """Set and delete one user's SCRAM credentials (by mechanism); salted keys only, the
+    controller derived them from the client's salted password (Kafka's
+    ``UserScramCredentialRecord`` / ``RemoveUserScramCredentialRecord``)."""
+
+    TAG: ClassVar[int] = 11
+    VERSION: ClassVar[int] = 0
+    user: str
+    upserts: tuple[ScramCredentialImage, ...]
+    deletions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapScramUsers:
+    """The SCRAM users of ``raftlog format --add-scram`` (KIP-900): applied only to a log that
+    never changed a SCRAM user, else a no-op, so whichever controller proposes them first
+    bootstraps the cluster exactly once."""
+
+    TAG: ClassVar[int] = 12
+    VERSION: ClassVar[int] = 0
+    users: tuple[AlterUserScram, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -152,6 +177,8 @@ Record: TypeAlias = (
     | PartitionChange
     | ProducerIdBlock
     | BecomeController
+    | AlterUserScram
+    | BootstrapScramUsers
 )
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
@@ -165,6 +192,8 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     PartitionChange,
     ProducerIdBlock,
     BecomeController,
+    AlterUserScram,
+    BootstrapScramUsers,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

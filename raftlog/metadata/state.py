@@ -45,11 +45,14 @@ from raftlog.metadata.image import (
     MetadataImage,
     check_image,
     image_from_bytes,
+    image_from_plain,
     image_to_bytes,
 )
 from raftlog.metadata.records import (
     AlterConfigs,
+    AlterUserScram,
     BecomeController,
+    BootstrapScramUsers,
     Command,
     CreatePartitions,
     CreateTopic,
@@ -61,6 +64,7 @@ from raftlog.metadata.records import (
     RegisterBroker,
     UnfenceBroker,
 )
+from raftlog.metadata.scram_apply import alter_user_scram, bootstrap_scram_users
 from raftlog.metadata.topic_apply import (
     METADATA_TOPIC_NAME,
     PARTITIONS_PER_TOPIC_MAX,
@@ -88,7 +92,7 @@ __all__ = [
 
 REQUEST_WINDOW_MAX: Final = 10_000
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
-_SNAPSHOT_FORMAT_VERSION: Final = 1
+_SNAPSHOT_FORMAT_VERSION: Final = 2  # 1: images without SCRAM users
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +165,10 @@ def _apply_record(
             return producer_id_block(image, record)
         case BecomeController():
             return become_controller(image, record)
+        case AlterUserScram():
+            return alter_user_scram(image, record, offset)
+        case BootstrapScramUsers():
+            return bootstrap_scram_users(image, record, offset)
         case _:
             assert_never(record)
 
@@ -224,7 +232,7 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
         case AlterConfigs():
             resource = image.broker_configs.get(record.resource_name)
             return -1 if resource is None else resource.version
-        case ProducerIdBlock() | BecomeController():
+        case ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers():
             return -1
         case _:
             assert_never(record)
@@ -301,10 +309,17 @@ class MetadataStateMachine:
         """
         plain = _codec.loads(data)
         header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
-        if header != (_SNAPSHOT_KIND, _SNAPSHOT_FORMAT_VERSION):
+        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2):
             raise CodecError(f"not a metadata state snapshot of a supported format: {header}")
         assert isinstance(plain, dict)
-        state: _StateSnapshot = _codec.from_plain(_StateSnapshot, plain.get("state"), "state")
+        state_plain = plain.get("state")
+        if not isinstance(state_plain, dict) or set(state_plain) != {"image", "requests"}:
+            raise CodecError("state: expected a map of image and requests")
+        # A format-1 snapshot holds a format-1 image (no SCRAM users).
+        image = image_from_plain(state_plain["image"], header[1], "state.image")
+        requests = _codec.from_plain(tuple[tuple[str, ApplyResult], ...],
+                                     state_plain["requests"], "state.requests")
+        state = _StateSnapshot(image, requests)
         check_image(state.image)
         assert len(state.requests) <= REQUEST_WINDOW_MAX
         self._image = state.image

@@ -1,9 +1,11 @@
-"""Schemas of the SASL APIs (SaslHandshake 17, SaslAuthenticate 36).
+"""Schemas of the SASL APIs (SaslHandshake 17, SaslAuthenticate 36) and of the SCRAM
+credential admin APIs (DescribeUserScramCredentials 50, AlterUserScramCredentials 51).
 
-Served on every listener: today they authenticate cluster members (brokers and operator tools
-holding ``raft.secret``) with SCRAM, see ``raftlog.security``. Not advertised in ApiVersions
-yet, so a PLAINTEXT client's feature detection is unchanged; only SaslHandshake v1 is served
-(v0 would be followed by raw SASL tokens outside Kafka framing).
+The SASL APIs are served and advertised on every listener: they authenticate cluster members
+(brokers and operator tools holding ``raft.secret``) and users, see ``raftlog.security``.
+SaslHandshake is advertised as v0-1 because librdkafka refuses SASL when the range lacks v0;
+a v0 handshake (raw SASL tokens outside Kafka framing would follow) is answered with an error
+and the connection closed (``raftlog.server.sasl``). Never advertise it above v1 (KAFKA-9577).
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ from raftlog.protocol.codec import Field as F
 SASL_HANDSHAKE = Api(
     key=17,
     name="SaslHandshake",
-    min_version=1,
+    min_version=0,
     max_version=1,
     flexible="none",
-    internal=True,
     request=[F("mechanism", "string")],
     response=[F("error_code", "int16"), F("mechanisms", "[]string")],
 )
@@ -28,7 +29,6 @@ SASL_AUTHENTICATE = Api(
     min_version=0,
     max_version=2,
     flexible="2+",
-    internal=True,
     request=[F("auth_bytes", "bytes")],
     response=[
         F("error_code", "int16"),
@@ -38,4 +38,54 @@ SASL_AUTHENTICATE = Api(
     ],
 )
 
+DESCRIBE_USER_SCRAM_CREDENTIALS = Api(
+    key=50,
+    name="DescribeUserScramCredentials",
+    min_version=0,
+    max_version=0,
+    flexible="0+",
+    request=[F("users", [F("name", "string")], nullable="0+")],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("results", [
+            F("user", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("credential_infos", [F("mechanism", "int8"), F("iterations", "int32")]),
+        ]),
+    ],
+)
+
+ALTER_USER_SCRAM_CREDENTIALS = Api(
+    key=51,
+    name="AlterUserScramCredentials",
+    min_version=0,
+    max_version=0,
+    flexible="0+",
+    request=[
+        F("deletions", [F("name", "string"), F("mechanism", "int8")]),
+        F("upsertions", [
+            F("name", "string"),
+            F("mechanism", "int8"),
+            F("iterations", "int32"),
+            F("salt", "bytes"),
+            F("salted_password", "bytes"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("user", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+        ]),
+    ],
+)
+
+# The APIs of the SASL exchange: the only ones (besides ApiVersions) a connection may send
+# while authenticating.
 SECURITY_APIS: tuple[Api, ...] = (SASL_HANDSHAKE, SASL_AUTHENTICATE)
+SCRAM_ADMIN_APIS: tuple[Api, ...] = (DESCRIBE_USER_SCRAM_CREDENTIALS,
+                                     ALTER_USER_SCRAM_CREDENTIALS)

@@ -8,7 +8,8 @@ in the client-first message (``tokenauth=true`` in Kafka; raftlog adds ``brokere
 cluster members), at least 4096 iterations. The server:
 
 * extends the client's nonce with its own (a client whose final message names another nonce
-  fails);
+  fails; the one exception is old librdkafka's form, the client nonce followed by the full
+  nonce, which still carries the server's nonce, see ``ScramServer.final``);
 * compares the proof in constant time (``hmac.compare_digest``);
 * answers an unknown user with a server-first message built from a salt derived from the
   name, so an unknown user and a wrong password fail at the same step with the same error
@@ -78,7 +79,9 @@ class ScramServer:
     _client_first_bare: str = ""
     _server_first: str = ""
     _nonce: str = ""
+    _client_nonce: str = ""
     _done: bool = False
+    legacy_nonce: bool = False  # the client-final nonce had old librdkafka's extra prefix
 
     def first(self, message: bytes) -> bytes:
         """The client-first message in, the server-first message out."""
@@ -95,6 +98,7 @@ class ScramServer:
             raise ScramError("bad client nonce")
         self.extensions = attrs
         self._client_first_bare = bare
+        self._client_nonce = client_nonce
         self._nonce = client_nonce + _nonce()
         credential = self.lookup(self.mechanism, self.user)
         if credential is not None and credential.iterations < ITERATIONS_MIN:
@@ -118,7 +122,13 @@ class ScramServer:
         attrs = _attributes(without_proof)
         if attrs.get("c") != base64.b64encode(b"n,,").decode():
             raise ScramError("channel binding does not match the client-first message")
-        if attrs.get("r") != self._nonce:
+        nonce = attrs.get("r")
+        if nonce == self._client_nonce + self._nonce:
+            # librdkafka before 2.6.1 (Debian's kcat) prefixes the full nonce with its own
+            # once more (librdkafka#4895). Accepted in exactly this form: it still carries the
+            # whole server nonce, and the proof covers it and this exchange's server-first.
+            self.legacy_nonce = True
+        elif nonce != self._nonce:
             raise ScramError("nonce does not match the server's")
         proof = _b64(proof_text)
         credential = self._credential
@@ -128,6 +138,35 @@ class ScramServer:
         name = _hash_name(self.mechanism)
         signature = _hmac(name, credential.server_key, auth_message.encode())
         return b"v=" + base64.b64encode(signature)
+
+
+class ScramExchange:
+    """``ScramServer`` as a SASL exchange of two client tokens (``respond`` each in turn)."""
+
+    def __init__(self, server: ScramServer) -> None:
+        self._server = server
+        self._step = 0
+        self.complete = False
+
+    @property
+    def user(self) -> str | None:
+        return self._server.user
+
+    @property
+    def extensions(self) -> Mapping[str, str]:
+        return self._server.extensions
+
+    @property
+    def legacy_nonce(self) -> bool:
+        return self._server.legacy_nonce
+
+    def respond(self, token: bytes) -> bytes:
+        self._step += 1
+        if self._step == 1:
+            return self._server.first(token)
+        reply = self._server.final(token)
+        self.complete = True
+        return reply
 
 
 @dataclass

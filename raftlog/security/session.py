@@ -21,8 +21,9 @@ import enum
 import hashlib
 import hmac
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from raftlog.protocol.errors import ErrorCode
 from raftlog.security.scram import (
@@ -30,6 +31,7 @@ from raftlog.security.scram import (
     ScramClient,
     ScramCredential,
     ScramError,
+    ScramExchange,
     ScramServer,
 )
 
@@ -46,6 +48,31 @@ PRE_AUTH_FRAME_BYTES_MAX: Final = 512 * 1024
 UNSUPPORTED_SASL_MECHANISM: Final = int(ErrorCode.UNSUPPORTED_SASL_MECHANISM)
 ILLEGAL_SASL_STATE: Final = int(ErrorCode.ILLEGAL_SASL_STATE)
 SASL_AUTHENTICATION_FAILED: Final = int(ErrorCode.SASL_AUTHENTICATION_FAILED)
+API_VERSIONS_KEY: Final = 18
+
+
+class Exchange(Protocol):
+    """One SASL exchange on the server side (``ScramExchange``, ``PlainExchange``):
+    ``respond`` to each client token (raises ``ScramError`` on failure) until ``complete``."""
+
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def extensions(self) -> Mapping[str, str]: ...
+
+    complete: bool
+
+    def respond(self, token: bytes) -> bytes: ...
+
+
+class Authenticator(Protocol):
+    """Starts exchanges for the mechanisms it serves (``raftlog.security.sasl_server``)."""
+
+    @property
+    def reauth_ms(self) -> int: ...
+
+    def start(self, mechanism: str) -> Exchange | None: ...
 
 
 @dataclass(frozen=True)
@@ -134,10 +161,17 @@ class Session:
     broker_id: int | None = None
     broker_epoch: int = -1
     sasl_state: SaslState = SaslState.NONE
-    # The listener the connection came in on (Metadata answers give that listener's address);
-    # on an SSL listener a client certificate sets the principal (raftlog.security.principal).
+    # The listener the connection came in on (its PLAIN users may be its own).
     listener: str = "PLAINTEXT"
-    _exchange: ScramServer | None = field(default=None, repr=False)
+    # On a SASL_* listener: nothing but ApiVersions and the SASL exchange until authenticated.
+    sasl_required: bool = False
+    # KIP-368: when the authenticated session ends (the clock's seconds; None: never), and the
+    # clock (injected by the trio shell, so this module reads none itself).
+    expires_at: float | None = None
+    clock: Callable[[], float] | None = field(default=None, repr=False)
+    _exchange: Exchange | None = field(default=None, repr=False)
+    _mechanism: str = ""
+    _reauthenticating: bool = False
 
     @property
     def authenticated(self) -> bool:
@@ -145,27 +179,61 @@ class Session:
 
     @property
     def frame_bytes_max(self) -> int | None:
-        """A tighter frame limit while a SASL exchange is under way, else None."""
+        """A tighter frame limit while a SASL exchange is under way (and on a SASL listener
+        before authentication), else None."""
         if self.sasl_state in (SaslState.HANDSHAKE_DONE, SaslState.CHALLENGED):
+            return PRE_AUTH_FRAME_BYTES_MAX
+        if self.sasl_required and not self.authenticated:
             return PRE_AUTH_FRAME_BYTES_MAX
         return None
 
+    @property
+    def expired(self) -> bool:
+        """Whether the authenticated session outlived ``connections.max.reauth.ms``."""
+        return (self.expires_at is not None and self.clock is not None
+                and self.clock() >= self.expires_at)
+
     def may_send(self, api_key: int, sasl_keys: frozenset[int]) -> bool:
         """Whether a request of ``api_key`` is allowed in the current SASL state (Kafka: once
-        a handshake starts, nothing but SaslAuthenticate until it ends)."""
+        a handshake starts, nothing but SaslAuthenticate until it ends; on a SASL listener
+        nothing but ApiVersions and the SASL exchange before authentication)."""
         if self.sasl_state is SaslState.FAILED:
             return False
         if self.sasl_state in (SaslState.HANDSHAKE_DONE, SaslState.CHALLENGED):
             return api_key in sasl_keys
+        if self.expired and api_key not in sasl_keys:
+            # Kafka closes a connection whose session expired unless it re-authenticates.
+            log.info("%s: the session of %s expired without re-authentication", self.peer,
+                     self.principal)
+            return False
+        if self.sasl_required and not self.authenticated:
+            return api_key in sasl_keys or api_key == API_VERSIONS_KEY
         return True
 
-    def handshake(self, mechanism: str, credentials: ClusterCredentials | None) -> int:
-        """SaslHandshake: returns a Kafka error code (0 or one of the SASL errors above)."""
-        if self.sasl_state is not SaslState.NONE:
-            return ILLEGAL_SASL_STATE  # re-authentication is not served yet
-        if credentials is None or mechanism != CLUSTER_MECHANISM:
+    def handshake(self, mechanism: str,
+                  server: ClusterCredentials | Authenticator | None) -> int:
+        """SaslHandshake: returns a Kafka error code (0 or one of the SASL errors above).
+        An authenticated session may hand-shake again to re-authenticate (KIP-368) with the
+        mechanism it used when sessions have a lifetime (``connections.max.reauth.ms`` > 0:
+        clients re-authenticate only then); the principal must stay the same."""
+        reauth = not isinstance(server, ClusterCredentials) and server is not None and (
+            server.reauth_ms > 0)
+        if (self.sasl_state is SaslState.AUTHENTICATED and reauth
+                and mechanism == self._mechanism):
+            self._reauthenticating = True
+        elif self.sasl_state is not SaslState.NONE:
+            return ILLEGAL_SASL_STATE
+        exchange: Exchange | None
+        if isinstance(server, ClusterCredentials):
+            exchange = None if mechanism != CLUSTER_MECHANISM else ScramExchange(
+                ScramServer(mechanism, server.lookup, server.decoy_key))
+        else:
+            exchange = None if server is None else server.start(mechanism)
+        if exchange is None:
+            self._reauthenticating = False
             return UNSUPPORTED_SASL_MECHANISM
-        self._exchange = ScramServer(mechanism, credentials.lookup, credentials.decoy_key)
+        self._exchange = exchange
+        self._mechanism = mechanism
         self.sasl_state = SaslState.HANDSHAKE_DONE
         return 0
 
@@ -177,22 +245,28 @@ class Session:
             self.sasl_state = SaslState.FAILED
             return ILLEGAL_SASL_STATE, b"", "SaslAuthenticate before SaslHandshake"
         try:
-            if self.sasl_state is SaslState.HANDSHAKE_DONE:
-                reply = exchange.first(auth_bytes)
-                self.sasl_state = SaslState.CHALLENGED
-                return 0, reply, None
-            reply = exchange.final(auth_bytes)
+            reply = exchange.respond(auth_bytes)
         except ScramError as exc:
             self.sasl_state = SaslState.FAILED
             self._exchange = None
-            log.warning("authentication failed from %s (user %r): %s", self.peer,
-                        exchange.user, exc)
+            log.warning("authentication failed from %s (%s, user %r): %s", self.peer,
+                        self._mechanism, exchange.user, exc)
             return (SASL_AUTHENTICATION_FAILED, b"",
-                    "Authentication failed during SCRAM authentication")
+                    f"Authentication failed during {self._mechanism} authentication")
+        if not exchange.complete:
+            self.sasl_state = SaslState.CHALLENGED
+            return 0, reply, None
+        if self._reauthenticating and exchange.user != self.principal.name:
+            self.sasl_state = SaslState.FAILED
+            self._exchange = None
+            log.warning("re-authentication from %s as %r refused: the connection is %s",
+                        self.peer, exchange.user, self.principal)
+            return (SASL_AUTHENTICATION_FAILED, b"",
+                    "Cannot change principals during re-authentication")
         self._become(exchange)
         return 0, reply, None
 
-    def _become(self, exchange: ScramServer) -> None:
+    def _become(self, exchange: Exchange) -> None:
         assert exchange.user is not None
         self.principal = KafkaPrincipal("User", exchange.user)
         self.broker_id = _broker_id_of(exchange.user)
@@ -200,7 +274,13 @@ class Session:
         self.broker_epoch = int(epoch) if epoch.lstrip("-").isdigit() else -1
         self.sasl_state = SaslState.AUTHENTICATED
         self._exchange = None
-        log.info("%s authenticated as %s", self.peer, self.principal)
+        if self._reauthenticating:
+            log.debug("%s re-authenticated as %s", self.peer, self.principal)
+        else:
+            log.info("%s authenticated as %s (%s%s)", self.peer, self.principal, self._mechanism,
+                     ", old librdkafka's SCRAM nonce" if getattr(exchange, "legacy_nonce", False)
+                     else "")
+        self._reauthenticating = False
 
 
 class ClusterAuthorizer:

@@ -37,7 +37,7 @@ from raftlog.protocol.codec import Api, DecodeError, Region
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.protocol.schemas_security import SECURITY_APIS
-from raftlog.security.session import KafkaPrincipal, Session
+from raftlog.security.session import KafkaPrincipal, SaslState, Session
 from raftlog.server.request_memory import (
     FRAME_BUFFER_BYTES,
     QUEUED_MAX_REQUEST_BYTES_DEFAULT,
@@ -129,6 +129,7 @@ async def serve_connection(
     stats: RequestStats | None = None,
     listener: str = LISTENER_NAME,
     principal: KafkaPrincipal | None = None,
+    sasl_required: bool = False,
 ) -> None:
     """Serves one client connection until it closes, idles out or breaks the protocol.
 
@@ -139,7 +140,7 @@ async def serve_connection(
     """
     tcp = stream if isinstance(stream, trio.SocketStream) else stream.transport_stream
     peer = _peer_name(tcp)
-    session = Session(peer, listener=listener)
+    session = Session(peer, listener=listener, sasl_required=sasl_required)
     if principal is not None:
         session.principal = principal
         log.debug("%s on %s authenticated by its certificate as %s", peer, listener, principal)
@@ -267,7 +268,10 @@ def _dispatch(
     if not session.may_send(key, _SASL_KEYS):
         # Kafka: after a failed authentication, or during a SASL exchange, any other request
         # closes the connection.
-        raise ConnectionClosed(f"{api.name} not allowed in SASL state {session.sasl_state.value}")
+        state = ("before authentication on a SASL listener"
+                 if session.sasl_required and session.sasl_state is SaslState.NONE
+                 else f"in SASL state {session.sasl_state.value}")
+        raise ConnectionClosed(f"{api.name} not allowed {state}")
     slot = _Slot(api, version, correlation_id, lease, read, name=api.name)
     if not api.supports(version):
         if api is API_VERSIONS:
@@ -549,6 +553,7 @@ async def serve_listener(
     listener: str = LISTENER_NAME,
     tls: TlsListener | None = None,
     memory: RequestMemory | None = None,
+    sasl_required: bool = False,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listens on host:port and serves every connection in this task's own nursery,
@@ -566,7 +571,8 @@ async def serve_listener(
 
     async def handle(stream: trio.SocketStream) -> None:
         if tls is None:
-            await serve_connection(stream, handlers, limits, memory, request_stats, listener)
+            await serve_connection(stream, handlers, limits, memory, request_stats, listener,
+                                   sasl_required=sasl_required)
             return
         accepted = await accept_tls(stream, tls, _peer_name(stream))
         if accepted is None:
@@ -575,7 +581,7 @@ async def serve_listener(
                 await stream.aclose()
             return
         await serve_connection(accepted[0], handlers, limits, memory, request_stats, listener,
-                               principal=accepted[1])
+                               principal=accepted[1], sasl_required=sasl_required)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

@@ -12,9 +12,13 @@ id, AddPartitionsToTxn verify_only) call ``require_cluster_action`` themselves.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any, Final
 
+import trio
+
+from raftlog.config.sasl import SaslSettings
 from raftlog.metadata.image import MetadataImage
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import (
@@ -26,6 +30,8 @@ from raftlog.protocol.schemas import (
 )
 from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.protocol.schemas_txn import WRITE_TXN_MARKERS
+from raftlog.security.sasl_server import SaslAuthenticator
+from raftlog.security.scram import ScramCredential
 from raftlog.security.session import (
     BROKER_EPOCH_EXTENSION,
     CLUSTER_MECHANISM,
@@ -46,11 +52,14 @@ _CLUSTER_DENIED: Final = int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
 
 
 class SaslApis:
-    """Serves the SASL exchange with the cluster's own credentials (None: nobody can
-    authenticate, e.g. a single node without ``raft.secret``)."""
+    """Serves the SASL exchange: with ``authenticator`` (the listener's mechanisms, users and
+    cluster credentials, ``raftlog.security.sasl_server``) when given, else with the cluster's
+    own credentials alone (None: nobody can authenticate)."""
 
-    def __init__(self, credentials: ClusterCredentials | None) -> None:
+    def __init__(self, credentials: ClusterCredentials | None,
+                 authenticator: Callable[[Session], SaslAuthenticator] | None = None) -> None:
         self._credentials = credentials
+        self._authenticator = authenticator
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -58,17 +67,64 @@ class SaslApis:
         return dict(table)
 
     def handshake(self, ctx: RequestContext) -> HandlerResult:
-        error = ctx.session.handshake(ctx.body.mechanism, self._credentials)
-        mechanisms = [CLUSTER_MECHANISM] if self._credentials is not None else []
+        server = (self._authenticator(ctx.session) if self._authenticator is not None
+                  else self._credentials)
+        if isinstance(server, SaslAuthenticator):
+            mechanisms = server.mechanisms
+        else:
+            mechanisms = [CLUSTER_MECHANISM] if server is not None else []
+        if ctx.header.api_version == 0:
+            # v0 is followed by raw SASL tokens outside Kafka framing: not served (every
+            # client raftlog supports sends v1 when the broker advertises it).
+            ctx.session.sasl_state = SaslState.FAILED
+            log.warning("SaslHandshake v0 from %s refused: raw SASL tokens are not served;"
+                        " use SaslHandshake v1", ctx.peer)
+            return {"error_code": int(ErrorCode.ILLEGAL_SASL_STATE), "mechanisms": mechanisms}
+        error = ctx.session.handshake(ctx.body.mechanism, server)
         if error:
-            log.warning("SaslHandshake from %s refused (%s, mechanism %r)", ctx.peer,
-                        ErrorCode(error).name, ctx.body.mechanism)
+            log.warning("SaslHandshake from %s refused (%s, mechanism %r; enabled %s)",
+                        ctx.peer, ErrorCode(error).name, ctx.body.mechanism, mechanisms)
         return {"error_code": error, "mechanisms": mechanisms}
 
     def authenticate(self, ctx: RequestContext) -> HandlerResult:
         error, auth_bytes, message = ctx.session.authenticate(bytes(ctx.body.auth_bytes))
+        lifetime = 0
+        if not error and ctx.session.authenticated and self._authenticator is not None:
+            lifetime = self._authenticator(ctx.session).reauth_ms
+        if lifetime > 0:
+            # KIP-368: the session ends after the lifetime unless the client re-authenticates.
+            ctx.session.clock = trio.current_time
+            ctx.session.expires_at = trio.current_time() + lifetime / 1000
         return {"error_code": error, "error_message": message, "auth_bytes": auth_bytes,
-                "session_lifetime_ms": 0}
+                "session_lifetime_ms": lifetime}
+
+
+def build_authenticators(sasl: SaslSettings, credentials: ClusterCredentials | None,
+                         image: Callable[[], MetadataImage]
+                         ) -> Callable[[Session], SaslAuthenticator]:
+    """One authenticator per listener (PLAIN users may be set per listener), SCRAM users
+    read from the node's current image at each exchange."""
+
+    def users(mechanism: str, user: str) -> ScramCredential | None:
+        found = image().scram_users.get(user, {}).get(mechanism)
+        if found is None:
+            return None
+        return ScramCredential(found.mechanism, found.salt, found.iterations,
+                               found.stored_key, found.server_key)
+
+    decoy = credentials.decoy_key if credentials is not None else secrets.token_bytes(32)
+    by_listener: dict[str, SaslAuthenticator] = {}
+
+    def authenticator(session: Session) -> SaslAuthenticator:
+        listener = session.listener.upper()
+        found = by_listener.get(listener)
+        if found is None:
+            found = by_listener[listener] = SaslAuthenticator(
+                sasl.enabled_mechanisms, credentials, users, sasl.plain_users_of(listener),
+                sasl.reauth_ms, decoy)
+        return found
+
+    return authenticator
 
 
 class ClusterActionGate:

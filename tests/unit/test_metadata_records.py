@@ -52,6 +52,9 @@ def strategy_for(hint: Any) -> st.SearchStrategy[Any]:
         return st.lists(strategy_for(args[0]), max_size=4).map(tuple)
     if origin is tuple:
         return st.tuples(*(strategy_for(a) for a in args))
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a nested frozen dataclass
+        fields = _codec.field_hints(hint)
+        return st.builds(hint, **{name: strategy_for(h) for name, h in fields.items()})
     raise AssertionError(f"no strategy for {hint!r}")
 
 
@@ -104,6 +107,8 @@ def test_tags_are_stable() -> None:
         8: "PartitionChange",
         9: "ProducerIdBlock",
         10: "BecomeController",
+        11: "AlterUserScram",
+        12: "BootstrapScramUsers",
     }
 
 

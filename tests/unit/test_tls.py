@@ -118,7 +118,7 @@ def test_ssl_listener_settings_and_per_listener_overrides(
     ({"ssl.principal.mapping.rules": "RULE:x"}, "ssl.principal.mapping.rules", "invalid"),
     ({"listener.security.protocol.map": "SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,"
                                         "CONTROLLER:PLAINTEXT"},
-     "listener.security.protocol.map", "user credentials"),
+     "listener.security.protocol.map", "SASL over TLS is not served"),
     ({"listener.security.protocol.map": "SSL:TLS,PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
      "listener.security.protocol.map", "no security protocol"),
     ({"listener.security.protocol.map": "SSL:SSL,PLAINTEXT:PLAINTEXT,CONTROLLER:SSL"},
