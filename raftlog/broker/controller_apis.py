@@ -63,7 +63,7 @@ from raftlog.protocol.schemas_security import (
     DESCRIBE_USER_SCRAM_CREDENTIALS,
 )
 from raftlog.quorum.interface import Quorum, QuorumTimeoutError
-from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
+from raftlog.server.listener import Body, Deferred, Handler, HandlerResult, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -298,20 +298,28 @@ class ControllerApis:
         return code, message
 
     def _forward_alter_configs(self, ctx: RequestContext) -> HandlerResult:
-        request = ctx.body
+        resources = ctx.body.resources
+        return self._forward_or_refuse(
+            ctx, _any_config_not_controller,
+            lambda code, message: _config_responses(resources, code, message))
+
+    def _forward_or_refuse(self, ctx: RequestContext, not_controller: Callable[[Struct], bool],
+                           refuse: Callable[[int, str], Body]) -> Deferred:
+        """Forwards ``ctx`` to the controller in an Envelope; what cannot be forwarded is
+        refused per item with ``refuse(code, message)`` (REQUEST_TIMED_OUT, retriable, when the
+        controller cannot be reached)."""
 
         async def forward_to_controller() -> Body:
             try:
                 response = await self._forward_enveloped(
-                    ctx, ctx.api, ctx.header.api_version, request.to_dict(),
-                    _any_config_not_controller)
+                    ctx, ctx.api, ctx.header.api_version, ctx.body.to_dict(), not_controller)
             except EnvelopeError as exc:
                 log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
-                return _config_responses(request.resources, exc.error_code, str(exc))
+                return refuse(exc.error_code, str(exc))
             except Exception as exc:  # unreachable controller: retriable for the client
                 log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
-                return _config_responses(request.resources, errors.REQUEST_TIMED_OUT,
-                                         f"The controller could not be reached: {exc}")
+                return refuse(errors.REQUEST_TIMED_OUT,
+                              f"The controller could not be reached: {exc}")
             body: Body = response.to_dict()
             return body
 
@@ -326,23 +334,10 @@ class ControllerApis:
         if self.forward is None or forwarded:
             return refused_body(ctx.body, errors.NOT_CONTROLLER, NOT_CONTROLLER_MESSAGE)
 
-        async def forward_to_controller() -> Body:
-            try:
-                response = await self._forward_enveloped(
-                    ctx, ctx.api, ctx.header.api_version, ctx.body.to_dict(),
-                    lambda inner: any(r.error_code == errors.NOT_CONTROLLER
-                                      for r in inner.results))
-            except EnvelopeError as exc:
-                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
-                return refused_body(ctx.body, exc.error_code, str(exc))
-            except Exception as exc:  # unreachable controller: retriable for the client
-                log.info("forwarding %s to the controller failed: %s", ctx.api.name, exc)
-                return refused_body(ctx.body, errors.REQUEST_TIMED_OUT,
-                                    f"The controller could not be reached: {exc}")
-            body: Body = response.to_dict()
-            return body
-
-        return forward_to_controller
+        request = ctx.body
+        return self._forward_or_refuse(
+            ctx, lambda inner: any(r.error_code == errors.NOT_CONTROLLER for r in inner.results),
+            lambda code, message: refused_body(request, code, message))
 
     # -- Metadata: forward auto-creation to the controller ---------------------------------
 
