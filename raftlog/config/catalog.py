@@ -20,7 +20,7 @@ from raftlog.config.properties import (
     parse_choice,
     parse_int,
 )
-from raftlog.config.sasl import SASL_PROPERTY_DEFAULTS, is_listener_sasl_property
+from raftlog.config.sasl import SASL_PROPERTY_DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -153,16 +153,17 @@ def warn_unknown(props: Mapping[str, str]) -> None:
     for key in sorted(props):
         if key in ACCEPTED_WITHOUT_EFFECT:
             logger.info("property %s is accepted for Kafka compatibility and has no effect", key)
-        elif (key not in DEFAULTS and not _is_listener_ssl_override(key)
-              and not is_listener_sasl_property(key)):
+        elif key not in DEFAULTS and not _is_listener_override(key):
             logger.warning("unknown property %s ignored", key)
 
 
-def _is_listener_ssl_override(key: str) -> bool:
-    """``listener.name.<name>.ssl.*`` for an ssl.* property of the catalog."""
+def _is_listener_override(key: str) -> bool:
+    """``listener.name.<name>.<property>``: a catalog property set for one listener (the
+    ``ssl.*`` ones), or a mechanism's ``<mechanism>.sasl.jaas.config`` (Kafka's form)."""
     parts = key.split(".", 3)
-    return (len(parts) == 4 and parts[:2] == ["listener", "name"]
-            and parts[3].startswith("ssl.") and parts[3] in DEFAULTS)
+    if len(parts) != 4 or parts[:2] != ["listener", "name"]:
+        return False
+    return parts[3] in DEFAULTS or parts[3].endswith(".sasl.jaas.config")
 
 
 class Properties:
@@ -178,10 +179,6 @@ class Properties:
 
     def is_set(self, name: str) -> bool:
         return bool(self._props.get(name, ""))
-
-    def raw(self, key: str) -> str | None:
-        """A property outside the catalog's names (``listener.name.<name>.ssl.*``), or None."""
-        return self._props.get(key, "") or None
 
     def text(self, name: str) -> str | None:
         assert name in DEFAULTS, name

@@ -59,11 +59,6 @@ class SaslSettings:
         return self.listener_plain_users.get(listener.upper(), self.plain_users)
 
 
-def is_listener_sasl_property(key: str) -> bool:
-    """``listener.name.<listener>.plain.sasl.jaas.config`` (not in the catalog's names)."""
-    return _LISTENER_JAAS.fullmatch(key) is not None
-
-
 def parse_sasl_settings(props: Mapping[str, str], protocol_map: str = "",
                         listener_names: tuple[str, ...] = ()) -> SaslSettings:
     """The SASL settings of the node's merged properties (``protocol_map``: the value of

@@ -103,12 +103,12 @@ def parse_tls_settings(props: Properties, listener: str) -> TlsSettings:
         return f"{LISTENER_PREFIX}{listener.lower()}.{name}"
 
     def text(name: str) -> str | None:
-        override = props.raw(scoped(name))
+        override = props.given.get(scoped(name)) or None
         return override if override is not None else props.text(name)
 
     def where(name: str) -> str:
         """The property as it was set (the per-listener one when it was)."""
-        return scoped(name) if props.raw(scoped(name)) is not None else name
+        return scoped(name) if props.given.get(scoped(name)) or None is not None else name
 
     for store in ("ssl.keystore.type", "ssl.truststore.type"):
         kind = (text(store) or "PEM").upper()

@@ -328,3 +328,20 @@ def test_validate_broker_dynamic_config() -> None:
     assert validate_broker_dynamic_config("log.retention.ms", "1000") is None
     assert validate_broker_dynamic_config("log.retention.ms", "-3") is not None
     assert validate_broker_dynamic_config("node.id", "3") is not None
+
+
+def test_per_listener_properties_are_known_only_for_known_names(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from raftlog.config.catalog import warn_unknown
+
+    with caplog.at_level(logging.INFO, logger="raftlog.config"):
+        warn_unknown({
+            "listener.name.ssl.ssl.client.auth": "required",
+            "listener.name.users.plain.sasl.jaas.config": "x",
+            "listener.name.users.scram-sha-512.sasl.jaas.config": "x",
+            "listener.name.ssl.ssl.bogus": "1",
+            "listener.name.ssl": "1",
+        })
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert warnings == ["unknown property listener.name.ssl ignored",
+                        "unknown property listener.name.ssl.ssl.bogus ignored"]
