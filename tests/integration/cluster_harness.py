@@ -285,13 +285,19 @@ def cluster3(tmp_path: Path) -> Iterator[Cluster]:
         cluster.wait_ready()
         yield cluster
     finally:
-        for node in cluster.nodes.values():
-            if node.paused:
-                node.resume()
-        try:
-            cluster.stop_all()
-        finally:
-            cluster.kill_all()
-            if os.environ.get("RAFTLOG_SHOW_BROKER_LOG"):
-                for node in cluster.nodes.values():
-                    print(f"----- node {node.node_id} -----\n{node.tail(20000)}")
+        stop_cluster(cluster)
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    """Resumes paused nodes, stops every node (killing what does not stop) and prints their
+    logs when ``RAFTLOG_SHOW_BROKER_LOG`` is set."""
+    for node in cluster.nodes.values():
+        if node.paused:
+            node.resume()
+    try:
+        cluster.stop_all()
+    finally:
+        cluster.kill_all()
+        if os.environ.get("RAFTLOG_SHOW_BROKER_LOG"):
+            for node in cluster.nodes.values():
+                print(f"----- node {node.node_id} -----\n{node.tail(20000)}")

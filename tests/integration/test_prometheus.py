@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from raftlog.config.properties import load_properties
-from tests.integration.cluster_harness import Cluster, ClusterNode, wait_until
+from tests.integration.cluster_harness import Cluster, ClusterNode, stop_cluster, wait_until
 from tests.integration.helpers import unique_topic
 from tests.integration.test_cluster_failover import BackgroundProducer, create_topic
 
@@ -143,14 +143,8 @@ class Prometheus:
 
 
 def _metrics_target(node: ClusterNode) -> str:
-    """Gives ``node`` a metrics listener (unless its generated config already has one) and
-    returns its ``host:port``."""
-    path = node.directory / "server.properties"
-    listener = load_properties(path).get("metrics.listener")
-    if not listener:
-        listener = f"http://127.0.0.1:{ClusterNode.free_port()}"
-        with path.open("a") as out:
-            out.write(f"metrics.listener={listener}\n")
+    """``host:port`` of ``node``'s metrics listener (``prepare`` gives every node one)."""
+    listener = load_properties(node.directory / "server.properties")["metrics.listener"]
     return urllib.parse.urlsplit(listener).netloc
 
 
@@ -172,13 +166,7 @@ def monitored(tmp_path: Path) -> Iterator[tuple[Cluster, Prometheus, dict[int, s
             prometheus.stop()
             if os.environ.get("RAFTLOG_SHOW_BROKER_LOG"):
                 print(f"----- prometheus -----\n{prometheus.log()}")
-        try:
-            cluster.stop_all()
-        finally:
-            cluster.kill_all()
-            if os.environ.get("RAFTLOG_SHOW_BROKER_LOG"):
-                for node in cluster.nodes.values():
-                    print(f"----- node {node.node_id} -----\n{node.tail(20000)}")
+        stop_cluster(cluster)
 
 
 def _await(prometheus: Prometheus, promql: str, accept: Callable[[float | None], bool],
