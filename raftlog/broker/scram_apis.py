@@ -11,7 +11,8 @@ Errors, as Kafka's ``ScramControlManager`` answers them, one result per user: a 
 twice for one mechanism DUPLICATE_RESOURCE; an unknown mechanism UNSUPPORTED_SASL_MECHANISM;
 an empty name, fewer than 4096 or more than 16384 iterations, an empty salt or a salted
 password of the wrong size UNACCEPTABLE_CREDENTIAL; deleting a credential that does not
-exist RESOURCE_NOT_FOUND. A user's changes are committed together or not at all.
+exist RESOURCE_NOT_FOUND. A user's changes are committed together or not at all. One request
+changes at most ``USERS_PER_REQUEST_MAX`` users; the rest get POLICY_VIOLATION.
 
 Without an authorizer every principal may call both (Kafka without ``authorizer.class.name``
 allows everything too); the ACL work puts ALTER/DESCRIBE on the cluster in front of them.
@@ -43,6 +44,10 @@ MECHANISM_BY_TYPE: Final = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
 TYPE_BY_MECHANISM: Final = {name: code for code, name in MECHANISM_BY_TYPE.items()}
 _HASH_BY_MECHANISM: Final = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 DUPLICATE_RESOURCE: Final = int(ErrorCode.DUPLICATE_RESOURCE)
+# Users one AlterUserScramCredentials may change: each is a metadata commit, so one request of
+# socket.request.max.bytes must not turn into thousands of them. Users past the cap are
+# refused with POLICY_VIOLATION (the request is not applied for them) and may be sent again.
+USERS_PER_REQUEST_MAX: Final = 100
 
 
 def derive_credential(mechanism: str, salt: bytes, salted_password: bytes,
@@ -94,7 +99,11 @@ def plan_alterations(image: MetadataImage, request: Struct
         ops[upsertion.name].append((upsertion.mechanism, upsertion))
     refused: dict[str, tuple[int, str | None]] = {}
     records = []
-    for user, changes in ops.items():
+    for index, (user, changes) in enumerate(ops.items()):
+        if index >= USERS_PER_REQUEST_MAX:
+            refused[user] = (int(ErrorCode.POLICY_VIOLATION),
+                             f"At most {USERS_PER_REQUEST_MAX} users per request")
+            continue
         try:
             records.append(_user_record(image, user, changes))
         except _Refused as exc:

@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from raftlog.broker.scram_apis import derive_credential, describe_body, plan_alterations
+from raftlog.broker.scram_apis import (
+    USERS_PER_REQUEST_MAX,
+    derive_credential,
+    describe_body,
+    plan_alterations,
+)
 from raftlog.config import ConfigError
 from raftlog.config.sasl import parse_plain_jaas, parse_sasl_settings
 from raftlog.metadata import errors
@@ -101,6 +106,18 @@ def _request(deletions: list[dict[str, Any]], upsertions: list[dict[str, Any]]) 
 
     return SimpleNamespace(deletions=[ns(d) for d in deletions],
                            upsertions=[ns(u) for u in upsertions])
+
+
+def test_alter_plan_changes_at_most_the_cap_of_users_per_request() -> None:
+    """Each user is a metadata commit: one huge request must not become thousands of them."""
+    machine = MetadataStateMachine()
+    names = [f"user{i:04d}" for i in range(USERS_PER_REQUEST_MAX + 3)]
+    refused, records = plan_alterations(machine.image,
+                                        _request([], [_upsertion(name) for name in names]))
+    assert [r.user for r in records] == names[:USERS_PER_REQUEST_MAX]
+    assert refused == {name: (ErrorCode.POLICY_VIOLATION,
+                              f"At most {USERS_PER_REQUEST_MAX} users per request")
+                       for name in names[USERS_PER_REQUEST_MAX:]}
 
 
 def test_alter_plan_gives_kafkas_error_per_user() -> None:
