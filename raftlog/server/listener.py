@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
+from raftlog.client.tls_stream import TlsStream
 from raftlog.protocol import codec
 from raftlog.protocol.api_table import APIS_BY_KEY
 from raftlog.protocol.codec import Api, DecodeError, Region
@@ -45,7 +46,7 @@ from raftlog.server.request_memory import (
     RequestMemory,
 )
 from raftlog.server.request_stats import RequestStats, request_name
-from raftlog.server.tls import StreamReceiver, TlsListener, accept_tls, send_copying
+from raftlog.server.tls import TlsListener, accept_tls, send_copying
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class _Receiver(Protocol):
 
 
 async def serve_connection(
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream], handlers: dict[int, Handler],
+    stream: trio.SocketStream | TlsStream, handlers: dict[int, Handler],
     limits: ListenerLimits,
     memory: RequestMemory | None = None,
     stats: RequestStats | None = None,
@@ -182,7 +183,7 @@ def _peer_name(stream: trio.SocketStream) -> str:
 
 
 async def _read_requests(
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    stream: trio.SocketStream | TlsStream,
     handlers: dict[int, Handler],
     limits: ListenerLimits,
     slots: trio.MemorySendChannel[_Slot],
@@ -192,7 +193,7 @@ async def _read_requests(
 ) -> None:
     peer = session.peer
     receiver: _Receiver = (stream.socket if isinstance(stream, trio.SocketStream)  # type: ignore[assignment]
-                           else StreamReceiver(stream))
+                           else stream)
     reader = _FrameReader(receiver, limits, session, memory)
     while True:
         try:
@@ -454,7 +455,7 @@ class _FrameReader:
 
 
 async def _write_responses(
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    stream: trio.SocketStream | TlsStream,
     slots: trio.MemoryReceiveChannel[_Slot], stats: RequestStats,
 ) -> None:
     async with slots:
@@ -491,7 +492,7 @@ def _chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
 
 
 async def _send_chunks(
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    stream: trio.SocketStream | TlsStream,
     chunks: list[bytes | bytearray | memoryview | Region]
 ) -> None:
     """Sends bytes with send_all and file regions with sendfile (copied through a buffer over

@@ -1,8 +1,8 @@
 """TLS for SSL listeners: the ``ssl.SSLContext`` built from a listener's ``TlsSettings``, the
 server-side handshake (bounded in time, a failure costs one connection and one log line), the
-client certificate's principal, and the byte paths a ``trio.SSLStream`` needs.
+client certificate's principal, and the byte paths a ``TlsStream`` needs.
 
-An SSL stream cannot take ``os.sendfile`` (no kernel TLS here): a fetch response's file regions
+A TLS stream cannot take ``os.sendfile`` (no kernel TLS here): a fetch response's file regions
 are read with ``os.preadv`` into one buffer of at most ``COPY_BUFFER_BYTES`` per response,
 together with the bytes around them, and each full buffer goes to ``send_all`` (one TLS
 encryption pass, no further copy in Python).
@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import trio
 
+from raftlog.client.tls_stream import TlsStream
 from raftlog.config.properties import ConfigError
 from raftlog.config.tls import TlsSettings
 from raftlog.security.principal import PrincipalMapper, PrincipalMappingError, subject_dn
@@ -96,11 +97,11 @@ def _load_keystore(context: ssl.SSLContext, settings: TlsSettings, where: str) -
 
 async def accept_tls(
     tcp: trio.SocketStream, tls: TlsListener, peer: str
-) -> tuple[trio.SSLStream[trio.SocketStream], KafkaPrincipal | None] | None:
+) -> tuple[TlsStream, KafkaPrincipal | None] | None:
     """The TLS handshake as the server, within HANDSHAKE_TIMEOUT_S. Returns the stream and the
     client certificate's principal (None without a certificate), or None after logging why
     the connection is refused (the caller closes the TCP stream)."""
-    stream = trio.SSLStream(tcp, tls.context, server_side=True, https_compatible=True)
+    stream = TlsStream(tcp, tls.context, server_side=True)
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             await stream.do_handshake()
@@ -139,19 +140,6 @@ async def _close_quietly(stream: trio.abc.AsyncResource) -> None:
         cleanup.shield = True
         with contextlib.suppress(trio.BrokenResourceError, OSError):
             await stream.aclose()
-
-
-class StreamReceiver:
-    """``recv_into`` over a stream that only has ``receive_some`` (an SSLStream), so the
-    listener's frame reader serves both kinds of listener."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
-
-    async def recv_into(self, view: memoryview, nbytes: int) -> int:
-        data = await self._stream.receive_some(nbytes)
-        view[:len(data)] = data
-        return len(data)
 
 
 async def send_copying(stream: trio.abc.SendStream, chunks: Sequence[Any]) -> None:
