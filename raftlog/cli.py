@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     from raftlog.tools import users as users_cli
 
     users_cli.add_parser(commands)
+    from raftlog.tools import acls as acls_cli
+
+    acls_cli.add_parser(commands)
     from raftlog.tools import storage_format
 
     storage_format.add_parser(commands)
@@ -194,6 +197,10 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.tools import users as users_cli
 
         return users_cli.run(args)
+    if args.command == "acls":
+        from raftlog.tools import acls as acls_cli
+
+        return acls_cli.run(args)
     if args.command == "top":
         from raftlog.tools import top
 

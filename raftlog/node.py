@@ -34,6 +34,8 @@ from typing import Final
 
 import trio
 
+from raftlog.broker.acl_guards import guard_handlers
+from raftlog.broker.acl_guards_coordinators import build_authorizer, guards
 from raftlog.broker.apis import KafkaApis
 from raftlog.broker.controller_apis import ControllerApis
 from raftlog.broker.lifecycle import (
@@ -64,6 +66,7 @@ from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
 from raftlog.server.advertise import for_listener
+from raftlog.server.authz import Refusals
 from raftlog.server.listener import (
     Handler,
     HandlerResult,
@@ -164,7 +167,10 @@ class Node:
             credentials, broker_user(config.node_id),
             extensions=lambda: broker_epoch_extension(quorum.image, config.node_id,
                                               incarnation_id))
-        gate = ClusterActionGate()
+        # ACLs (authorizer.class.name): one authorizer for ClusterAction and every API.
+        authorizer = build_authorizer(config.authorizer, lambda: quorum.image)
+        refusals = Refusals()
+        gate = ClusterActionGate(authorizer, refusals)
         channel = ControllerChannel(config.node_id, quorum, login=login)
         lifecycle = BrokerLifecycle(
             self._configured, quorum, channel,
@@ -238,7 +244,9 @@ class Node:
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
-                kafka_port = await self._start_listeners(nursery, gate.wrap(handlers), limits)
+                served = guard_handlers(gate.wrap(handlers), guards(), authorizer, refusals,
+                                        lambda: quorum.image)
+                kafka_port = await self._start_listeners(nursery, served, limits)
                 if config.metrics_listener is not None:
                     await self._start_metrics(nursery, config.metrics_listener,
                                               lambda: not_ready_reasons(quorum, lifecycle, config))

@@ -39,6 +39,7 @@ from typing import Any, Final, Protocol
 
 import trio
 
+from raftlog.broker.acl_apis import AclApis, create_refused, delete_refused
 from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX
 from raftlog.broker.scram_apis import ScramCredentialApis, refused_body
 from raftlog.config import ServerConfig
@@ -60,6 +61,9 @@ from raftlog.protocol.schemas import (
 )
 from raftlog.protocol.schemas_security import (
     ALTER_USER_SCRAM_CREDENTIALS,
+    CREATE_ACLS,
+    DELETE_ACLS,
+    DESCRIBE_ACLS,
     DESCRIBE_USER_SCRAM_CREDENTIALS,
 )
 from raftlog.quorum.interface import Quorum, QuorumTimeoutError
@@ -109,6 +113,7 @@ class ControllerApis:
         self.apis = apis
         self.forward = forward
         self.scram = ScramCredentialApis(quorum, controller)
+        self.acls = AclApis(quorum, controller)
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -121,6 +126,9 @@ class ControllerApis:
             ENVELOPE.key: self.envelope,
             DESCRIBE_USER_SCRAM_CREDENTIALS.key: self.scram.describe,
             ALTER_USER_SCRAM_CREDENTIALS.key: self.alter_user_scram_credentials,
+            DESCRIBE_ACLS.key: self.acls.describe,
+            CREATE_ACLS.key: self.create_acls,
+            DELETE_ACLS.key: self.delete_acls,
         }
         return dict(table)
 
@@ -136,6 +144,8 @@ class ControllerApis:
                 ctx, incremental=True, forwarded=True),
             ALTER_USER_SCRAM_CREDENTIALS.key: lambda ctx: self.alter_user_scram_credentials(
                 ctx, forwarded=True),
+            CREATE_ACLS.key: lambda ctx: self.create_acls(ctx, forwarded=True),
+            DELETE_ACLS.key: lambda ctx: self.delete_acls(ctx, forwarded=True),
         }
 
     # -- Envelope (KIP-590) --------------------------------------------------------------------
@@ -338,6 +348,29 @@ class ControllerApis:
         return self._forward_or_refuse(
             ctx, lambda inner: any(r.error_code == errors.NOT_CONTROLLER for r in inner.results),
             lambda code, message: refused_body(request, code, message))
+
+    # -- CreateAcls, DeleteAcls (raftlog.broker.acl_apis) ---------------------------------------
+
+    def create_acls(self, ctx: RequestContext, forwarded: bool = False) -> HandlerResult:
+        if self.quorum.controller_ready:
+            return self.acls.create(ctx)
+        request = ctx.body
+        if self.forward is None or forwarded:
+            return create_refused(request, errors.NOT_CONTROLLER, NOT_CONTROLLER_MESSAGE)
+        return self._forward_or_refuse(
+            ctx, lambda inner: any(r.error_code == errors.NOT_CONTROLLER for r in inner.results),
+            lambda code, message: create_refused(request, code, message))
+
+    def delete_acls(self, ctx: RequestContext, forwarded: bool = False) -> HandlerResult:
+        if self.quorum.controller_ready:
+            return self.acls.delete(ctx)
+        request = ctx.body
+        if self.forward is None or forwarded:
+            return delete_refused(request, errors.NOT_CONTROLLER, NOT_CONTROLLER_MESSAGE)
+        return self._forward_or_refuse(
+            ctx, lambda inner: any(r.error_code == errors.NOT_CONTROLLER
+                                   for r in inner.filter_results),
+            lambda code, message: delete_refused(request, code, message))
 
     # -- Metadata: forward auto-creation to the controller ---------------------------------
 

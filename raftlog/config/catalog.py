@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Final
 
+from raftlog.config.authorizer import AUTHORIZER_PROPERTY_DEFAULTS
 from raftlog.config.properties import (
     LONG_MAX,
     LONG_MIN,
@@ -128,6 +129,7 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     # SASL for clients (raftlog.config.sasl): sasl.enabled.mechanisms, sasl.jaas.config,
     # connections.max.reauth.ms.
     **SASL_PROPERTY_DEFAULTS,
+    **AUTHORIZER_PROPERTY_DEFAULTS,
 }
 
 # Kafka properties that are valid but mean nothing here (thread pools, socket buffers, internal

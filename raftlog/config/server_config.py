@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from raftlog.config.authorizer import AuthorizerSettings, parse_authorizer_settings
 from raftlog.config.catalog import (
     LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
     Properties,
@@ -129,6 +130,8 @@ class ServerConfig:
     tls: tuple[TlsSettings, ...] = ()
     # SASL mechanisms, PLAIN users, re-authentication (raftlog.config.sasl).
     sasl: SaslSettings = field(default_factory=SaslSettings)
+    # authorizer.class.name, super.users, allow.everyone.if.no.acl.found (config.authorizer).
+    authorizer: AuthorizerSettings = field(default_factory=AuthorizerSettings)
 
     @classmethod
     def load(cls, path: Path | str, overrides: Mapping[str, str] | None = None) -> ServerConfig:
@@ -289,6 +292,7 @@ def _build(props: Properties) -> ServerConfig:
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
         sasl=parse_sasl_settings(props.given, props.required("listener.security.protocol.map"),
                                  tuple(listener.name for listener in listeners)),
+        authorizer=parse_authorizer_settings(props.given),
         metrics_consumer_group_lag_partition_enable=props.boolean(
             "metrics.consumer.group.lag.partition.enable"),
         listener_protocols=tuple(sorted(protocols.items())),

@@ -22,9 +22,10 @@ NO_LEADER: Final = -1
 # Offset of an image to which nothing has been applied yet.
 EMPTY_VERSION: Final = -1
 # Snapshot layout version, bumped whenever an image dataclass changes shape.
-IMAGE_FORMAT_VERSION: Final = 2
-# Format 1 had no ``scram_users``; it reads as an image without SCRAM users.
-_IMAGE_FORMATS_READ: Final = (1, 2)
+IMAGE_FORMAT_VERSION: Final = 3
+# Format 1 had no ``scram_users`` (it reads as an image without SCRAM users), formats 1 and 2
+# no ``acls`` (they read as an image without ACLs).
+_IMAGE_FORMATS_READ: Final = (1, 2, 3)
 _IMAGE_KIND: Final = "raftlog.metadata.image"
 
 K = TypeVar("K")
@@ -100,6 +101,30 @@ class ScramCredentialImage:
 
 
 @dataclass(frozen=True, slots=True)
+class AclBindingImage:
+    """One ACL binding (Kafka's ``AccessControlEntryRecord``), with Kafka's wire codes:
+    resource type 2 Topic, 3 Group, 4 Cluster, 5 TransactionalId; pattern 3 LITERAL,
+    4 PREFIXED; operation 2 All .. 12 IdempotentWrite; permission 2 DENY, 3 ALLOW. ``acl_id``
+    is chosen by the controller, so DeleteAcls removes exactly the bindings it matched."""
+
+    acl_id: str
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission: int
+
+    def same_rule(self, other: AclBindingImage) -> bool:
+        """Whether both say the same thing (every field but the id)."""
+        return (self.resource_type, self.resource_name, self.pattern_type, self.principal,
+                self.host, self.operation, self.permission) == (
+            other.resource_type, other.resource_name, other.pattern_type, other.principal,
+            other.host, other.operation, other.permission)
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataImage:
     """All cluster metadata as of log offset ``version``.
 
@@ -111,6 +136,9 @@ class MetadataImage:
         next_producer_id: First producer id not yet handed out in a ProducerIdBlock.
         scram_users: SCRAM credentials by user name, then by mechanism.
         scram_version: Offset of the last record that changed ``scram_users``, -1 if none.
+        acls: ACL bindings by id.
+        acl_version: Offset of the last record that changed ``acls``, -1 if none (the
+            authorizer's cache key).
     """
 
     version: int = EMPTY_VERSION
@@ -126,6 +154,8 @@ class MetadataImage:
         default_factory=frozen_mapping)
     # Offset of the last SCRAM change (-1: none ever; bootstrap users apply only then).
     scram_version: int = EMPTY_VERSION
+    acls: Mapping[str, AclBindingImage] = field(default_factory=frozen_mapping)
+    acl_version: int = EMPTY_VERSION
 
     def topic(self, name: str) -> TopicImage | None:
         """The topic called ``name``, or None."""
@@ -172,9 +202,11 @@ def image_from_bytes(data: bytes) -> MetadataImage:
 
 def image_from_plain(plain: object, image_format: object, path: str) -> MetadataImage:
     """Decode an image written in ``image_format`` (an older format is read as the current
-    one: format 1 had no SCRAM users)."""
+    one: format 1 had no SCRAM users, formats 1 and 2 no ACLs)."""
     if image_format == 1 and isinstance(plain, dict) and "scram_users" not in plain:
         plain = {**plain, "scram_users": {}, "scram_version": EMPTY_VERSION}
+    if image_format in (1, 2) and isinstance(plain, dict) and "acls" not in plain:
+        plain = {**plain, "acls": {}, "acl_version": EMPTY_VERSION}
     image: MetadataImage = _codec.from_plain(MetadataImage, plain, path)
     return image
 
@@ -201,6 +233,8 @@ def check_image(image: MetadataImage) -> None:
     for user, credentials in image.scram_users.items():
         assert user and credentials
         assert all(c.mechanism == m for m, c in credentials.items())
+    assert EMPTY_VERSION <= image.acl_version <= image.version
+    assert all(acl_id == acl.acl_id for acl_id, acl in image.acls.items())
 
 
 def _check_partition(index: int, partition: PartitionImage) -> None:

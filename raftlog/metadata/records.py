@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 from raftlog.metadata import _codec
 from raftlog.metadata._codec import CodecError
-from raftlog.metadata.image import ScramCredentialImage
+from raftlog.metadata.image import AclBindingImage, ScramCredentialImage
 
 
 class RecordFormatError(CodecError):
@@ -166,6 +166,26 @@ class BootstrapScramUsers:
     users: tuple[AlterUserScram, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class CreateAcls:
+    """Add ACL bindings, atomically (one CreateAcls request). A binding that says the same as
+    one already stored is skipped, as Kafka treats creating an existing ACL as done."""
+
+    TAG: ClassVar[int] = 13
+    VERSION: ClassVar[int] = 0
+    bindings: tuple[AclBindingImage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAcls:
+    """Remove the ACL bindings with these ids, atomically (what one DeleteAcls request's
+    filters matched). Ids already gone are ignored."""
+
+    TAG: ClassVar[int] = 14
+    VERSION: ClassVar[int] = 0
+    acl_ids: tuple[str, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -179,6 +199,8 @@ Record: TypeAlias = (
     | BecomeController
     | AlterUserScram
     | BootstrapScramUsers
+    | CreateAcls
+    | DeleteAcls
 )
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
@@ -194,6 +216,8 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     BecomeController,
     AlterUserScram,
     BootstrapScramUsers,
+    CreateAcls,
+    DeleteAcls,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

@@ -28,6 +28,7 @@ from typing import Final, assert_never
 
 from raftlog.metadata import _codec, errors
 from raftlog.metadata._codec import CodecError
+from raftlog.metadata.acl_apply import create_acls, delete_acls
 from raftlog.metadata.apply_support import (
     RESOURCE_TYPE_BROKER,
     RESOURCE_TYPE_TOPIC,
@@ -54,8 +55,10 @@ from raftlog.metadata.records import (
     BecomeController,
     BootstrapScramUsers,
     Command,
+    CreateAcls,
     CreatePartitions,
     CreateTopic,
+    DeleteAcls,
     DeleteTopic,
     FenceBroker,
     PartitionChange,
@@ -92,7 +95,7 @@ __all__ = [
 
 REQUEST_WINDOW_MAX: Final = 10_000
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
-_SNAPSHOT_FORMAT_VERSION: Final = 2  # 1: images without SCRAM users
+_SNAPSHOT_FORMAT_VERSION: Final = 3  # 1: images without SCRAM users, 2: without ACLs
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,10 @@ def _apply_record(
             return alter_user_scram(image, record, offset)
         case BootstrapScramUsers():
             return bootstrap_scram_users(image, record, offset)
+        case CreateAcls():
+            return create_acls(image, record, offset)
+        case DeleteAcls():
+            return delete_acls(image, record, offset)
         case _:
             assert_never(record)
 
@@ -234,6 +241,8 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
             return -1 if resource is None else resource.version
         case ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers():
             return -1
+        case CreateAcls() | DeleteAcls():
+            return image.acl_version
         case _:
             assert_never(record)
 
@@ -309,13 +318,13 @@ class MetadataStateMachine:
         """
         plain = _codec.loads(data)
         header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
-        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2):
+        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2, 3):
             raise CodecError(f"not a metadata state snapshot of a supported format: {header}")
         assert isinstance(plain, dict)
         state_plain = plain.get("state")
         if not isinstance(state_plain, dict) or set(state_plain) != {"image", "requests"}:
             raise CodecError("state: expected a map of image and requests")
-        # A format-1 snapshot holds a format-1 image (no SCRAM users).
+        # A format-N snapshot holds a format-N image (1: no SCRAM users, 2: no ACLs).
         image = image_from_plain(state_plain["image"], header[1], "state.image")
         requests = _codec.from_plain(tuple[tuple[str, ApplyResult], ...],
                                      state_plain["requests"], "state.requests")

@@ -15,11 +15,11 @@ from types import MappingProxyType
 from raftlog.protocol.codec import Api
 from raftlog.protocol.schemas import ALL_APIS
 from raftlog.protocol.schemas_group import GROUP_APIS
-from raftlog.protocol.schemas_security import SCRAM_ADMIN_APIS, SECURITY_APIS
+from raftlog.protocol.schemas_security import ACL_APIS, SCRAM_ADMIN_APIS, SECURITY_APIS
 from raftlog.protocol.schemas_txn import TXN_APIS
 
 EVERY_API: tuple[Api, ...] = (*ALL_APIS, *GROUP_APIS, *TXN_APIS, *SECURITY_APIS,
-                             *SCRAM_ADMIN_APIS)
+                             *SCRAM_ADMIN_APIS, *ACL_APIS)
 
 APIS_BY_KEY: Mapping[int, Api] = MappingProxyType({api.key: api for api in EVERY_API})
 assert len(APIS_BY_KEY) == len(EVERY_API), "an API key is declared twice"

@@ -66,6 +66,10 @@ class Struct:
     def get(self, name: str, default: Any = None) -> Any:
         return self._values.get(name, default)
 
+    def replace(self, **changes: Any) -> Struct:
+        """A copy with ``changes`` (decoded values: nested structs, tuples) in place."""
+        return Struct({**self._values, **changes})
+
     def to_dict(self) -> dict[str, Any]:
         """A deep, mutable copy (structs become dicts, tuples become lists)."""
         return {key: _unfreeze(value) for key, value in self._values.items()}

@@ -89,3 +89,95 @@ ALTER_USER_SCRAM_CREDENTIALS = Api(
 SECURITY_APIS: tuple[Api, ...] = (SASL_HANDSHAKE, SASL_AUTHENTICATE)
 SCRAM_ADMIN_APIS: tuple[Api, ...] = (DESCRIBE_USER_SCRAM_CREDENTIALS,
                                      ALTER_USER_SCRAM_CREDENTIALS)
+
+# ACL APIs (KIP-140, KIP-290 pattern types): served v0-3 (v2+ flexible). Codes are Kafka's:
+# resource type, pattern type, operation and permission as in raftlog.security.acl.
+_ACL_FILTER = [
+    F("resource_type_filter", "int8"),
+    F("resource_name_filter", "string", nullable="0+"),
+    F("pattern_type_filter", "int8", "1+", default=3),
+    F("principal_filter", "string", nullable="0+"),
+    F("host_filter", "string", nullable="0+"),
+    F("operation", "int8"),
+    F("permission_type", "int8"),
+]
+
+DESCRIBE_ACLS = Api(
+    key=29,
+    name="DescribeAcls",
+    min_version=0,
+    max_version=3,
+    flexible="2+",
+    request=_ACL_FILTER,
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+"),
+        F("resources", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("pattern_type", "int8", "1+", default=3),
+            F("acls", [
+                F("principal", "string"),
+                F("host", "string"),
+                F("operation", "int8"),
+                F("permission_type", "int8"),
+            ]),
+        ]),
+    ],
+)
+
+CREATE_ACLS = Api(
+    key=30,
+    name="CreateAcls",
+    min_version=0,
+    max_version=3,
+    flexible="2+",
+    request=[
+        F("creations", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("resource_pattern_type", "int8", "1+", default=3),
+            F("principal", "string"),
+            F("host", "string"),
+            F("operation", "int8"),
+            F("permission_type", "int8"),
+        ]),
+    ],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+        ]),
+    ],
+)
+
+DELETE_ACLS = Api(
+    key=31,
+    name="DeleteAcls",
+    min_version=0,
+    max_version=3,
+    flexible="2+",
+    request=[F("filters", _ACL_FILTER)],
+    response=[
+        F("throttle_time_ms", "int32"),
+        F("filter_results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+"),
+            F("matching_acls", [
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+"),
+                F("resource_type", "int8"),
+                F("resource_name", "string"),
+                F("pattern_type", "int8", "1+", default=3),
+                F("principal", "string"),
+                F("host", "string"),
+                F("operation", "int8"),
+                F("permission_type", "int8"),
+            ]),
+        ]),
+    ],
+)
+
+ACL_APIS: tuple[Api, ...] = (DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS)

@@ -4,9 +4,9 @@ Every Kafka connection has one ``Session``. It starts as ``User:ANONYMOUS``, or 
 listener as ``User:<DN>`` of the client's certificate (``raftlog.security.principal``); a
 SaslHandshake and SaslAuthenticate exchange (``raftlog.server.sasl``) may turn it into an
 authenticated principal. Authorization asks one question, as Kafka's ``Authorizer`` does: may this
-principal perform this operation on this resource? Today the only guarded operation is
-``ClusterAction`` on the cluster (every RPC a node sends a node) and only cluster members
-hold it; the ACL work adds users and rules behind the same question.
+principal perform this operation on this resource? (``raftlog.security.authorizer``: without
+an authorizer only ``ClusterAction`` is guarded and only cluster members hold it; with
+Kafka's StandardAuthorizer, ACLs from the metadata log decide.)
 
 Cluster members prove they hold ``raft.secret`` with SCRAM-SHA-256. Their credentials are
 derived from the secret (``ClusterCredentials``), so nothing new is stored or configured:
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from raftlog.protocol.errors import ErrorCode
+from raftlog.security.acl import AclOperation, AclResourceType
 from raftlog.security.scram import (
     ITERATIONS_MIN,
     ScramClient,
@@ -87,12 +88,9 @@ class KafkaPrincipal:
 ANONYMOUS: Final = KafkaPrincipal("User", "ANONYMOUS")
 
 
-class Operation(enum.Enum):
-    CLUSTER_ACTION = "ClusterAction"
-
-
-class ResourceType(enum.Enum):
-    CLUSTER = "Cluster"
+# Kafka's operations and resource types, with their wire codes (raftlog.security.acl).
+Operation = AclOperation
+ResourceType = AclResourceType
 
 
 class SaslState(enum.Enum):
@@ -172,6 +170,12 @@ class Session:
     _exchange: Exchange | None = field(default=None, repr=False)
     _mechanism: str = ""
     _reauthenticating: bool = False
+
+    @property
+    def host(self) -> str:
+        """The peer's address without its port (what ACL hosts match)."""
+        host = self.peer.rpartition(":")[0] if ":" in self.peer else self.peer
+        return host.strip("[]")
 
     @property
     def authenticated(self) -> bool:
@@ -281,14 +285,3 @@ class Session:
                      ", old librdkafka's SCRAM nonce" if getattr(exchange, "legacy_nonce", False)
                      else "")
         self._reauthenticating = False
-
-
-class ClusterAuthorizer:
-    """Kafka's question with today's answer: only cluster members hold ClusterAction on the
-    cluster; every other operation is allowed (PLAINTEXT without an authorizer)."""
-
-    def authorize(self, session: Session, operation: Operation,
-                  resource: ResourceType) -> bool:
-        if operation is Operation.CLUSTER_ACTION:
-            return session.authenticated and is_cluster_user(session.principal.name)
-        return True

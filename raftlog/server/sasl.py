@@ -30,12 +30,12 @@ from raftlog.protocol.schemas import (
 )
 from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.protocol.schemas_txn import WRITE_TXN_MARKERS
+from raftlog.security.authorizer import Authorizer, ClusterAuthorizer
 from raftlog.security.sasl_server import SaslAuthenticator
 from raftlog.security.scram import ScramCredential
 from raftlog.security.session import (
     BROKER_EPOCH_EXTENSION,
     CLUSTER_MECHANISM,
-    ClusterAuthorizer,
     ClusterCredentials,
     KafkaPrincipal,
     Operation,
@@ -44,6 +44,7 @@ from raftlog.security.session import (
     Session,
     broker_user,
 )
+from raftlog.server.authz import Refusals
 from raftlog.server.listener import Handler, HandlerResult, RequestContext
 
 log = logging.getLogger(__name__)
@@ -128,21 +129,26 @@ def build_authenticators(sasl: SaslSettings, credentials: ClusterCredentials | N
 
 
 class ClusterActionGate:
-    """Answers for the authorizer on the request path (one instance per node)."""
+    """Answers "does this principal hold ClusterAction on the cluster?" on the request path
+    (one instance per node), with the node's authorizer: without ACLs only cluster members do;
+    with Kafka's StandardAuthorizer also super users and principals an ACL allows."""
 
-    def __init__(self, authorizer: ClusterAuthorizer | None = None) -> None:
-        self.authorizer = authorizer or ClusterAuthorizer()
-        self.denied_requests = 0  # refused cluster actions, for the metrics to come
+    def __init__(self, authorizer: Authorizer | None = None,
+                 refusals: Refusals | None = None) -> None:
+        self.authorizer: Authorizer = authorizer or ClusterAuthorizer()
+        self.refusals = refusals or Refusals()
+
+    @property
+    def denied_requests(self) -> int:
+        return self.refusals.count
 
     def allows(self, ctx: RequestContext) -> bool:
         """Whether ``ctx``'s principal holds ClusterAction; logs and counts a refusal."""
         if self.authorizer.authorize(ctx.session, Operation.CLUSTER_ACTION,
                                      ResourceType.CLUSTER):
             return True
-        self.denied_requests += 1
-        log.warning("refused %s from %s (%s): ClusterAction on the cluster is for cluster"
-                    " members, who authenticate with raft.secret", ctx.api.name, ctx.peer,
-                    ctx.session.principal)
+        self.refusals.refused(ctx, "ClusterAction on the cluster (cluster members authenticate"
+                                   " with raft.secret)")
         return False
 
     def wrap(self, handlers: dict[int, Handler]) -> dict[int, Handler]:

@@ -109,6 +109,8 @@ def test_tags_are_stable() -> None:
         10: "BecomeController",
         11: "AlterUserScram",
         12: "BootstrapScramUsers",
+        13: "CreateAcls",
+        14: "DeleteAcls",
     }
 
 

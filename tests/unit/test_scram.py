@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from raftlog.security.authorizer import ClusterAuthorizer
 from raftlog.security.scram import ScramClient, ScramCredential, ScramError, ScramServer
 from raftlog.security.session import (
     ADMIN_USER,
     BROKER_EPOCH_EXTENSION,
     CLUSTER_MECHANISM,
-    ClusterAuthorizer,
     ClusterCredentials,
     Operation,
     ResourceType,
