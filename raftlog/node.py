@@ -364,12 +364,12 @@ class _GroupPendingOffsets:
 
 
 def _check_sasl_listeners(config: ServerConfig) -> None:
-    """A SASL_PLAINTEXT inter-broker listener needs raft.secret: the node's own connections
-    (registration, replica fetches, markers) log in with it."""
+    """A SASL_PLAINTEXT or SASL_SSL inter-broker listener needs raft.secret: the node's own
+    connections (registration, replica fetches, markers) log in with it."""
     name = config.inter_broker_listener_name
     if name in config.sasl.sasl_listeners and not config.raft_secret:
-        raise ConfigError("listeners", f"the SASL_PLAINTEXT listener {name} carries the nodes'"
-                          " own connections and needs raft.secret (or raft.secret.file)")
+        raise ConfigError("listeners", f"the {config.protocol_of(name)} listener {name} carries"
+                          " the nodes' own connections and needs raft.secret (or raft.secret.file)")
 
 
 def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:

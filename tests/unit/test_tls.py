@@ -116,9 +116,9 @@ def test_ssl_listener_settings_and_per_listener_overrides(
     ({"ssl.client.auth": "sometimes"}, "ssl.client.auth", "none, requested or required"),
     ({"ssl.enabled.protocols": "TLSv1.1"}, "ssl.enabled.protocols", "TLSv1.2"),
     ({"ssl.principal.mapping.rules": "RULE:x"}, "ssl.principal.mapping.rules", "invalid"),
-    ({"listener.security.protocol.map": "SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,"
-                                        "CONTROLLER:PLAINTEXT"},
-     "listener.security.protocol.map", "SASL over TLS is not served"),
+    ({"listener.security.protocol.map": "SSL:SSL,PLAINTEXT:PLAINTEXT,"
+                                        "CONTROLLER:SASL_SSL"},
+     "listener.security.protocol.map", "Raft transport"),
     ({"listener.security.protocol.map": "SSL:TLS,PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
      "listener.security.protocol.map", "no security protocol"),
     ({"listener.security.protocol.map": "SSL:SSL,PLAINTEXT:PLAINTEXT,CONTROLLER:SSL"},
