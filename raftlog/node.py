@@ -49,6 +49,7 @@ from raftlog.controller.scram_bootstrap import bootstrap_when_controller, read_b
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
+from raftlog.metadata.image import BrokerEndpoint, MetadataImage
 from raftlog.metadata.state import MetadataStateMachine
 from raftlog.observe.http import MetricsServer, endpoint_url
 from raftlog.observe.parts import NodeParts
@@ -63,7 +64,7 @@ from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
-from raftlog.server.advertise import for_listener
+from raftlog.server.advertise import for_listener, listener_addresses
 from raftlog.server.listener import (
     Handler,
     HandlerResult,
@@ -141,7 +142,8 @@ class Node:
         config = self.config
         if uses_local_quorum(config):
             advertised_host, advertised_port = config.advertised_listener()
-            node = LocalNode(config.node_id, advertised_host, advertised_port)
+            node = LocalNode(config.node_id, advertised_host, advertised_port,
+                             endpoints=_endpoints(config))
             async with LocalQuorum(config.metadata_log_dir, MetadataStateMachine(),
                                    node=node) as local:
                 yield local
@@ -170,6 +172,8 @@ class Node:
             self._configured, quorum, channel,
             advertised=config.advertised_listener(),
             incarnation_id=incarnation_id,
+            endpoints=lambda: [(listener.name, *self._advertised(listener.name))
+                               for listener in config.advertised_listeners],
         )  # fmt: skip
         replicas = ReplicaManager(
             self.manager,
@@ -238,7 +242,8 @@ class Node:
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
-                kafka_port = await self._start_listeners(nursery, gate.wrap(handlers), limits)
+                kafka_port = await self._start_listeners(nursery, gate.wrap(handlers), limits,
+                                                         lambda: quorum.image)
                 if config.metrics_listener is not None:
                     await self._start_metrics(nursery, config.metrics_listener,
                                               lambda: not_ready_reasons(quorum, lifecycle, config))
@@ -265,7 +270,8 @@ class Node:
             log.info("node %d stopped", config.node_id)
 
     async def _start_listeners(self, nursery: trio.Nursery, handlers: dict[int, Handler],
-                               limits: ListenerLimits) -> int:
+                               limits: ListenerLimits, image: Callable[[], MetadataImage]
+                               ) -> int:
         """Every listener but the controller's (that one is the Raft transport), each with its
         protocol; they share one request-memory budget and the node's request stats."""
         config = self.config
@@ -274,12 +280,10 @@ class Node:
             name = listener.name
             if name in config.controller_listener_names:
                 continue
-            served = handlers
-            if name != config.inter_broker_listener_name:
-                # Brokers register their inter-broker endpoint only; on this listener the node
-                # names its own address for it (raftlog.server.advertise).
-                served = for_listener(handlers, config.node_id,
-                                      functools.partial(self._advertised, name))
+            # Metadata and FindCoordinator name every broker by its endpoint on this
+            # listener (raftlog.server.advertise).
+            served = for_listener(handlers, listener_addresses(
+                name, config.node_id, image, functools.partial(self._advertised, name)))
             self.listener_ports[name] = await nursery.start(functools.partial(
                 serve_listener, listener.host, listener.port, served, limits,
                 self.request_stats, listener=listener.name, tls=self._tls.get(listener.name),
@@ -313,6 +317,16 @@ class Node:
         lifecycle = self.lifecycle
         if lifecycle is not None:
             await lifecycle.controlled_shutdown(timeout_s)
+
+
+def _endpoints(config: ServerConfig) -> tuple[BrokerEndpoint, ...]:
+    """The advertised listeners a broker registers, by name (one on port 0, whose port is not
+    known before it is bound, is left out: a node answers for itself on every listener)."""
+    return tuple(sorted(
+        (BrokerEndpoint(listener.name, listener.host, listener.port,
+                        config.protocol_of(listener.name))
+         for listener in config.advertised_listeners if listener.port != 0),
+        key=lambda endpoint: endpoint.name))
 
 
 def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:

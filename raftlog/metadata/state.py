@@ -92,7 +92,7 @@ __all__ = [
 
 REQUEST_WINDOW_MAX: Final = 10_000
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
-_SNAPSHOT_FORMAT_VERSION: Final = 2  # 1: images without SCRAM users
+_SNAPSHOT_FORMAT_VERSION: Final = 3  # 1: images without SCRAM users, 1-2: broker endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +309,13 @@ class MetadataStateMachine:
         """
         plain = _codec.loads(data)
         header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
-        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2):
+        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2, 3):
             raise CodecError(f"not a metadata state snapshot of a supported format: {header}")
         assert isinstance(plain, dict)
         state_plain = plain.get("state")
         if not isinstance(state_plain, dict) or set(state_plain) != {"image", "requests"}:
             raise CodecError("state: expected a map of image and requests")
-        # A format-1 snapshot holds a format-1 image (no SCRAM users).
+        # A format-N snapshot holds a format-N image (1: no SCRAM users, 2: no endpoints).
         image = image_from_plain(state_plain["image"], header[1], "state.image")
         requests = _codec.from_plain(tuple[tuple[str, ApplyResult], ...],
                                      state_plain["requests"], "state.requests")
