@@ -42,8 +42,10 @@ from raftlog.broker.lifecycle import (
     ControllerChannel,
 )
 from raftlog.client.connection import ClusterLogin
+from raftlog.client.tls import node_client_context
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ConfigError, ServerConfig
+from raftlog.config.tls import TLS_PROTOCOLS
 from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.scram_bootstrap import bootstrap_when_controller, read_bootstrap
 from raftlog.controller.service import ControllerService, settings_from_config
@@ -120,6 +122,10 @@ class Node:
         # SSL listeners' contexts, built now: a key or CA that cannot be loaded stops the
         # start-up with a ConfigError naming the property.
         self._tls = {settings.listener: build_tls_listener(settings) for settings in config.tls}
+        # The node's own connections to its peers speak TLS when their inter-broker listener
+        # does (SSL, SASL_SSL): verified with its truststore, its keystore as client cert.
+        inter_broker = config.tls_of(config.inter_broker_listener_name)
+        self._peer_tls = None if inter_broker is None else node_client_context(inter_broker)
         self.metrics_port: int | None = None  # the bound metrics.listener port, when set
         self.request_stats = RequestStats()  # what the Kafka listener records (metrics)
         self.quorum: Quorum | None = None
@@ -165,7 +171,8 @@ class Node:
         login = None if credentials is None else ClusterLogin(
             credentials, broker_user(config.node_id),
             extensions=lambda: broker_epoch_extension(quorum.image, config.node_id,
-                                              incarnation_id))
+                                              incarnation_id),
+            tls=self._peer_tls)
         gate = ClusterActionGate()
         channel = ControllerChannel(config.node_id, quorum, login=login)
         lifecycle = BrokerLifecycle(
@@ -379,9 +386,12 @@ class _GroupPendingOffsets:
 
 def _check_sasl_listeners(config: ServerConfig) -> None:
     """A SASL_PLAINTEXT or SASL_SSL inter-broker listener needs raft.secret: the node's own
-    connections (registration, replica fetches, markers) log in with it."""
+    connections (registration, replica fetches, markers) log in with it; so does an SSL one
+    between several nodes."""
     name = config.inter_broker_listener_name
-    if name in config.sasl.sasl_listeners and not config.raft_secret:
+    several = len(config.controller_quorum_voters) > 1 or not config.is_controller
+    tls = config.protocol_of(name) in TLS_PROTOCOLS
+    if (name in config.sasl.sasl_listeners or (tls and several)) and not config.raft_secret:
         raise ConfigError("listeners", f"the {config.protocol_of(name)} listener {name} carries"
                           " the nodes' own connections and needs raft.secret (or raft.secret.file)")
 

@@ -218,13 +218,6 @@ def _build(props: Properties) -> ServerConfig:
         props, {listener.name for listener in listeners}, controller_names)
     voters = parse_quorum_voters(props, node_id, roles, listeners, controller_names)
     inter_broker = parse_inter_broker_name(props, roles, advertised, protocols)
-    multi_node = len(voters) > 1 or "controller" not in roles
-    if protocols.get(inter_broker) in TLS_PROTOCOLS and multi_node:
-        raise ConfigError(
-            "inter.broker.listener.name",
-            f"{inter_broker} is an SSL listener, and raftlog's node-to-node connections do"
-            " not speak TLS yet: name a PLAINTEXT listener (node-to-node requests still"
-            " authenticate with raft.secret)")
     log_dirs = _parse_log_dirs(props)
     return ServerConfig(
         node_id=node_id,

@@ -41,7 +41,7 @@ SSL_PROPERTIES: Final = (
     "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.certificate.chain",
     "ssl.keystore.key", "ssl.key.password", "ssl.truststore.type", "ssl.truststore.location",
     "ssl.truststore.certificates", "ssl.client.auth", "ssl.enabled.protocols",
-    "ssl.cipher.suites", "ssl.principal.mapping.rules",
+    "ssl.cipher.suites", "ssl.principal.mapping.rules", "ssl.endpoint.identification.algorithm",
 )
 LISTENER_PREFIX: Final = "listener.name."  # listener.name.<lower-case name>.ssl.*
 
@@ -61,6 +61,9 @@ class TlsSettings:
     protocols: tuple[str, ...] = TLS_VERSIONS
     cipher_suites: tuple[str, ...] = ()
     principal_rules: str = "DEFAULT"
+    # Whether the node's own connections to this listener of its peers check the peer's host
+    # name against its certificate: "https" (Kafka's default) or "" (none).
+    endpoint_identification: str = "https"
 
     @property
     def has_truststore(self) -> bool:
@@ -144,7 +147,15 @@ def parse_tls_settings(props: Properties, listener: str) -> TlsSettings:
         PrincipalMapper(rules)
     except PrincipalMappingError as exc:
         raise ConfigError(where("ssl.principal.mapping.rules"), str(exc)) from exc
+    # Kafka disables the check with an empty value, which text() would read as the default.
+    algorithm_name = "ssl.endpoint.identification.algorithm"
+    given = props.given.get(scoped(algorithm_name), props.given.get(algorithm_name))
+    algorithm = (given if given is not None else "https").strip().lower()
+    if algorithm not in ("https", "", "none"):
+        raise ConfigError(where("ssl.endpoint.identification.algorithm"),
+                          f"expected https or empty, got {algorithm!r}")
     return TlsSettings(
+        endpoint_identification="https" if algorithm == "https" else "",
         listener=listener, keystore_location=location, keystore_chain=chain, keystore_key=key,
         key_password=text("ssl.key.password"), truststore_location=trust_location,
         truststore_certificates=trust_inline, client_auth=client_auth, protocols=protocols,
