@@ -123,9 +123,12 @@ def test_ssl_listener_settings_and_per_listener_overrides(
      "listener.security.protocol.map", "no security protocol"),
     ({"listener.security.protocol.map": "SSL:SSL,PLAINTEXT:PLAINTEXT,CONTROLLER:SSL"},
      "listener.security.protocol.map", "Raft transport"),
-    ({"inter.broker.listener.name": "SSL", "controller.quorum.voters":
-      "1@127.0.0.1:9093,2@127.0.0.1:9193,3@127.0.0.1:9293"},
-     "inter.broker.listener.name", "do not speak TLS"),
+    ({"inter.broker.listener.name": "SSL", "security.inter.broker.protocol": "SSL"},
+     "security.inter.broker.protocol", "not both"),
+    ({"security.inter.broker.protocol": "SASL_SSL"},
+     "security.inter.broker.protocol", "no advertised listener"),
+    ({"ssl.endpoint.identification.algorithm": "dns"},
+     "ssl.endpoint.identification.algorithm", "https"),
 ])
 def test_bad_tls_config_names_the_property(extra: dict[str, str], property_name: str,
                                            words: str) -> None:
