@@ -16,7 +16,9 @@ endpoint existed gets free metrics ports added to its ``cluster.json``).
 The supervisor prints exactly one line on stdout, ``bootstrap.servers=127.0.0.1:p1,...``, once
 every node answers ``/health/ready`` with 200 and a topic replicated on every node can be
 created and produced to with ``acks=all`` (the probe topic is deleted again). Everything else
-goes to stderr, including each node's metrics URL. On SIGINT/SIGTERM it stops the nodes
+goes to stderr, including each node's metrics URL. With ``--secure`` (``secure_cluster.py``:
+SASL_SSL listeners, a local CA, an admin SCRAM user) a second line follows,
+``client.config=PATH``, the librdkafka client properties to connect with. On SIGINT/SIGTERM it stops the nodes
 one at a time, the controller last, each with SIGTERM (a controlled shutdown) and SIGKILL after
 ``NODE_STOP_TIMEOUT_S``. Children run in their own session, so a terminal's Ctrl-C reaches only
 the supervisor, which then stops them in that order.
