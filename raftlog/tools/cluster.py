@@ -18,10 +18,10 @@ every node answers ``/health/ready`` with 200 and a topic replicated on every no
 created and produced to with ``acks=all`` (the probe topic is deleted again). Everything else
 goes to stderr, including each node's metrics URL. With ``--secure`` (``secure_cluster.py``:
 SASL_SSL listeners, a local CA, an admin SCRAM user) a second line follows,
-``client.config=PATH``, the librdkafka client properties to connect with. On SIGINT/SIGTERM it stops the nodes
-one at a time, the controller last, each with SIGTERM (a controlled shutdown) and SIGKILL after
-``NODE_STOP_TIMEOUT_S``. Children run in their own session, so a terminal's Ctrl-C reaches only
-the supervisor, which then stops them in that order.
+``client.config=PATH``, the librdkafka client properties to connect with. On SIGINT/SIGTERM
+it stops the nodes one at a time, the controller last, each with SIGTERM (a controlled
+shutdown) and SIGKILL after ``NODE_STOP_TIMEOUT_S``. Children run in their own session, so a
+terminal's Ctrl-C reaches only the supervisor, which then stops them in that order.
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ class ClusterLayout:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        data = asdict(self)
+        if not self.secure:  # a plain cluster's file is as it always was
+            del data["secure"]
+        return json.dumps(data, indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> ClusterLayout:
