@@ -25,9 +25,10 @@ from pathlib import Path
 
 import trio
 
-from raftlog.client.connection import KafkaClientError, connect_any
+from raftlog.client.connection import KafkaClientError, Security, connect_any
 from raftlog.config import ConfigError, ServerConfig, load_properties
 from raftlog.protocol.schemas import METADATA
+from raftlog.tools import command_config
 from raftlog.tools import console as tools
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="alter: set these configs (list values in [a,b])")
     topics.add_argument("--delete-config", action="append", default=[], metavar="KEY",
                         help="alter: remove this override (back to the default)")
+    command_config.add_argument(topics)
 
     produce = commands.add_parser("produce", help="console producer: one record per line")
     produce.add_argument("topic")
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     produce.add_argument("--key-separator", default=None,
                          help="split each line into key and value at this string")
     produce.add_argument("--acks", type=int, default=-1, choices=[-1, 0, 1])
+    command_config.add_argument(produce)
 
     consume = commands.add_parser("consume", help="console consumer")
     consume.add_argument("topic")
@@ -73,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="exit after this long without a new record")
     consume.add_argument("--print-key", action="store_true")
     consume.add_argument("--print-offset", action="store_true")
+    command_config.add_argument(consume)
 
     demo = commands.add_parser("demo", help="start a local node and run a sample stream")
     demo.add_argument("--records", type=int, default=10_000)
@@ -87,10 +91,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="Kafka port of node 1 (default 9092; 0 picks free ports)")
     cluster.add_argument("--ready-timeout", type=float, default=60.0,
                          help="seconds to wait for the cluster to serve produce requests")
+    cluster.add_argument("--secure", action="store_true", default=None,
+                         help="SASL_SSL listeners with a local CA and an admin SCRAM user;"
+                              " prints a client config file (fixed at creation)")
 
     quorum = commands.add_parser("quorum", help="describe the metadata quorum")
     quorum.add_argument("action", choices=["status"])
     quorum.add_argument("--bootstrap-server", default=DEFAULT_BOOTSTRAP)
+    command_config.add_argument(quorum)
 
     from raftlog.tools import consumer_groups as group_cli
 
@@ -145,6 +153,8 @@ def _run(args: argparse.Namespace) -> int:
                                               _key_values(args.override, "--override"))
         trio.run(run_until_signalled, config)
         return 0
+    if args.command in ("topics", "produce", "consume", "quorum"):
+        security = command_config.from_args(args)
     if args.command == "topics":
         configs = _key_values(args.config, "--config")
         bootstrap = args.bootstrap_server
@@ -154,33 +164,34 @@ def _run(args: argparse.Namespace) -> int:
             deletes = [k.strip() for item in args.delete_config for k in item.split(",")
                        if k.strip()]
             return trio.run(tools.alter_topic_configs, bootstrap, args.topic,
-                            tools.parse_add_config(args.add_config), deletes)
+                            tools.parse_add_config(args.add_config), deletes, security)
         if args.action in ("create", "delete"):
             # Only the controller creates and deletes topics; others answer NOT_CONTROLLER.
-            bootstrap = trio.run(_controller_bootstrap, bootstrap)
+            bootstrap = trio.run(_controller_bootstrap, bootstrap, security)
         return trio.run(tools.topics_command, bootstrap, args.action, args.topic,
-                        args.partitions, args.replication_factor, configs)
+                        args.partitions, args.replication_factor, configs, security)
     if args.command == "produce":
         return trio.run(tools.console_produce, args.bootstrap_server, args.topic,
-                        args.key_separator, args.acks)
+                        args.key_separator, args.acks, security)
     if args.command == "consume":
         return trio.run(tools.console_consume, args.bootstrap_server, args.topic,
                         args.from_beginning, args.max_messages, args.timeout_ms,
-                        args.print_key, args.print_offset)
+                        args.print_key, args.print_offset, security)
     if args.command == "cluster":
         from raftlog.tools.cluster import ClusterError, cluster_up
 
         try:
             return trio.run(functools.partial(
                 cluster_up, Path(args.data_dir), args.nodes, args.port_base,
-                log_level=args.log_level.upper(), ready_timeout_s=args.ready_timeout))
+                log_level=args.log_level.upper(), ready_timeout_s=args.ready_timeout,
+                secure=args.secure))
         except ClusterError as exc:
             print(f"raftlog cluster: {exc}", file=sys.stderr)
             return 2
     if args.command == "quorum":
         from raftlog.tools.cluster import quorum_status
 
-        return trio.run(quorum_status, args.bootstrap_server)
+        return trio.run(quorum_status, args.bootstrap_server, security)
     if args.command == "groups":
         from raftlog.tools import consumer_groups as group_cli
 
@@ -212,9 +223,9 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
-async def _controller_bootstrap(bootstrap: str) -> str:
+async def _controller_bootstrap(bootstrap: str, security: Security) -> str:
     """The controller's address per Metadata's ``controller_id`` (else ``bootstrap``)."""
-    connection = await connect_any(bootstrap)
+    connection = await connect_any(bootstrap, security=security)
     try:
         response = await connection.request(METADATA, {"topics": []})
     finally:

@@ -44,13 +44,16 @@ from raftlog.broker.lifecycle import (
     ControllerChannel,
 )
 from raftlog.client.connection import ClusterLogin
+from raftlog.client.tls import node_client_context
 from raftlog.clock import follow_offset_file as follow_clock_offset_file
 from raftlog.config import ConfigError, ServerConfig
+from raftlog.config.tls import TLS_PROTOCOLS
 from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.scram_bootstrap import bootstrap_when_controller, read_bootstrap
 from raftlog.controller.service import ControllerService, settings_from_config
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
+from raftlog.metadata.image import BrokerEndpoint, MetadataImage
 from raftlog.metadata.state import MetadataStateMachine
 from raftlog.observe.http import MetricsServer, endpoint_url
 from raftlog.observe.parts import NodeParts
@@ -65,7 +68,7 @@ from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.settings import ReplicationSettings
 from raftlog.security.session import ClusterCredentials, broker_user
-from raftlog.server.advertise import for_listener
+from raftlog.server.advertise import for_listener, listener_addresses
 from raftlog.server.authz import Refusals
 from raftlog.server.listener import (
     Handler,
@@ -122,6 +125,10 @@ class Node:
         # SSL listeners' contexts, built now: a key or CA that cannot be loaded stops the
         # start-up with a ConfigError naming the property.
         self._tls = {settings.listener: build_tls_listener(settings) for settings in config.tls}
+        # The node's own connections to its peers speak TLS when their inter-broker listener
+        # does (SSL, SASL_SSL): verified with its truststore, its keystore as client cert.
+        inter_broker = config.tls_of(config.inter_broker_listener_name)
+        self._peer_tls = None if inter_broker is None else node_client_context(inter_broker)
         self.metrics_port: int | None = None  # the bound metrics.listener port, when set
         self.request_stats = RequestStats()  # what the Kafka listener records (metrics)
         self.quorum: Quorum | None = None
@@ -144,7 +151,8 @@ class Node:
         config = self.config
         if uses_local_quorum(config):
             advertised_host, advertised_port = config.advertised_listener()
-            node = LocalNode(config.node_id, advertised_host, advertised_port)
+            node = LocalNode(config.node_id, advertised_host, advertised_port,
+                             endpoints=_endpoints(config))
             async with LocalQuorum(config.metadata_log_dir, MetadataStateMachine(),
                                    node=node) as local:
                 yield local
@@ -166,7 +174,8 @@ class Node:
         login = None if credentials is None else ClusterLogin(
             credentials, broker_user(config.node_id),
             extensions=lambda: broker_epoch_extension(quorum.image, config.node_id,
-                                              incarnation_id))
+                                              incarnation_id),
+            tls=self._peer_tls)
         # ACLs (authorizer.class.name): one authorizer for ClusterAction and every API.
         authorizer = build_authorizer(config.authorizer, lambda: quorum.image)
         refusals = Refusals()
@@ -176,6 +185,8 @@ class Node:
             self._configured, quorum, channel,
             advertised=config.advertised_listener(),
             incarnation_id=incarnation_id,
+            endpoints=lambda: [(listener.name, *self._advertised(listener.name))
+                               for listener in config.advertised_listeners],
         )  # fmt: skip
         replicas = ReplicaManager(
             self.manager,
@@ -246,7 +257,8 @@ class Node:
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 served = guard_handlers(gate.wrap(handlers), guards(), authorizer, refusals,
                                         lambda: quorum.image)
-                kafka_port = await self._start_listeners(nursery, served, limits)
+                kafka_port = await self._start_listeners(nursery, served, limits,
+                                                         lambda: quorum.image)
                 if config.metrics_listener is not None:
                     await self._start_metrics(nursery, config.metrics_listener,
                                               lambda: not_ready_reasons(quorum, lifecycle, config))
@@ -273,7 +285,8 @@ class Node:
             log.info("node %d stopped", config.node_id)
 
     async def _start_listeners(self, nursery: trio.Nursery, handlers: dict[int, Handler],
-                               limits: ListenerLimits) -> int:
+                               limits: ListenerLimits, image: Callable[[], MetadataImage]
+                               ) -> int:
         """Every listener but the controller's (that one is the Raft transport), each with its
         protocol; they share one request-memory budget and the node's request stats."""
         config = self.config
@@ -282,12 +295,10 @@ class Node:
             name = listener.name
             if name in config.controller_listener_names:
                 continue
-            served = handlers
-            if name != config.inter_broker_listener_name:
-                # Brokers register their inter-broker endpoint only; on this listener the node
-                # names its own address for it (raftlog.server.advertise).
-                served = for_listener(handlers, config.node_id,
-                                      functools.partial(self._advertised, name))
+            # Metadata and FindCoordinator name every broker by its endpoint on this
+            # listener (raftlog.server.advertise).
+            served = for_listener(handlers, listener_addresses(
+                name, config.node_id, image, functools.partial(self._advertised, name)))
             self.listener_ports[name] = await nursery.start(functools.partial(
                 serve_listener, listener.host, listener.port, served, limits,
                 self.request_stats, listener=listener.name, tls=self._tls.get(listener.name),
@@ -321,6 +332,16 @@ class Node:
         lifecycle = self.lifecycle
         if lifecycle is not None:
             await lifecycle.controlled_shutdown(timeout_s)
+
+
+def _endpoints(config: ServerConfig) -> tuple[BrokerEndpoint, ...]:
+    """The advertised listeners a broker registers, by name (one on port 0, whose port is not
+    known before it is bound, is left out: a node answers for itself on every listener)."""
+    return tuple(sorted(
+        (BrokerEndpoint(listener.name, listener.host, listener.port,
+                        config.protocol_of(listener.name))
+         for listener in config.advertised_listeners if listener.port != 0),
+        key=lambda endpoint: endpoint.name))
 
 
 def _local_incarnation(quorum: Quorum, node_id: int) -> str | None:
@@ -372,12 +393,15 @@ class _GroupPendingOffsets:
 
 
 def _check_sasl_listeners(config: ServerConfig) -> None:
-    """A SASL_PLAINTEXT inter-broker listener needs raft.secret: the node's own connections
-    (registration, replica fetches, markers) log in with it."""
+    """A SASL_PLAINTEXT or SASL_SSL inter-broker listener needs raft.secret: the node's own
+    connections (registration, replica fetches, markers) log in with it; so does an SSL one
+    between several nodes."""
     name = config.inter_broker_listener_name
-    if name in config.sasl.sasl_listeners and not config.raft_secret:
-        raise ConfigError("listeners", f"the SASL_PLAINTEXT listener {name} carries the nodes'"
-                          " own connections and needs raft.secret (or raft.secret.file)")
+    several = len(config.controller_quorum_voters) > 1 or not config.is_controller
+    tls = config.protocol_of(name) in TLS_PROTOCOLS
+    if (name in config.sasl.sasl_listeners or (tls and several)) and not config.raft_secret:
+        raise ConfigError("listeners", f"the {config.protocol_of(name)} listener {name} carries"
+                          " the nodes' own connections and needs raft.secret (or raft.secret.file)")
 
 
 def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:

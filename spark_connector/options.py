@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from spark_connector.errors import RaftLogOptionError
+from spark_connector.security import librdkafka_properties
 
 TopicPartition = tuple[str, int]
 """(topic, partition): the key of every offset map in the connector."""
@@ -378,7 +379,8 @@ def _kafka_properties(
             raise RaftLogOptionError(name, "expected 'read_committed' or 'read_uncommitted',"
                                      f" got {value!r}")
         isolation = "read_committed" if value == "read_committed" else "read_uncommitted"
-    return tuple(sorted(extra.items())), isolation
+    # Spark's Kafka source takes the Java client's security names; librdkafka's differ.
+    return tuple(sorted(librdkafka_properties(extra).items())), isolation
 
 
 def _boolean(opts: Mapping[str, str], name: str, *, default: bool) -> bool:

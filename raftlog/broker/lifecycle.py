@@ -240,12 +240,18 @@ class BrokerLifecycle:
         *,
         advertised: tuple[str, int],
         incarnation_id: str | None = None,
+        endpoints: Callable[[], list[tuple[str, str, int]]] | None = None,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
         self._quorum = quorum
         self.channel = channel
         self.advertised = advertised
+        # (listener, host, port) of every advertised listener, read at each registration (a
+        # listener on port 0 knows its port once bound); the config's by default.
+        self._endpoints = endpoints or (lambda: [
+            (listener.name, listener.host, listener.port)
+            for listener in config.advertised_listeners])
         self.incarnation_id = incarnation_id or uuid.uuid4().hex
         self.broker_epoch = -1
         self.fenced = True
@@ -287,15 +293,20 @@ class BrokerLifecycle:
             await self._heartbeat_until_stale()
 
     def _registration_body(self) -> dict[str, Any]:
+        """Every advertised listener, the inter-broker one first (KRaft registers them all;
+        a client is answered with the endpoints of the listener it came in on)."""
         host, port = self.advertised
         name = self.config.inter_broker_listener_name or "PLAINTEXT"
+        listeners = [(name, host, port)] + [
+            endpoint for endpoint in self._endpoints() if endpoint[0] != name]
         return {
             "broker_id": self.node_id,
             "cluster_id": self.config.cluster_id or "",
             "incarnation_id": uuid.UUID(hex=self.incarnation_id),
-            "listeners": [{"name": name, "host": host, "port": port,
+            "listeners": [{"name": listener, "host": address, "port": number,
                            "security_protocol": SECURITY_PROTOCOL_IDS.get(
-                               self.config.protocol_of(name), SECURITY_PROTOCOL_PLAINTEXT)}],
+                               self.config.protocol_of(listener), SECURITY_PROTOCOL_PLAINTEXT)}
+                          for listener, address, number in listeners],
             "features": [],
             "rack": None,
         }

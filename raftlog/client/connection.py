@@ -1,12 +1,15 @@
 """The project's own trio Kafka client, built on the same codec as the broker.
 
-Used by the command line, the tests and (later) replication and the fault harness. One
-``KafkaConnection`` is one TCP connection: it negotiates versions with ApiVersions, then
-sends requests one at a time (responses come back in order, so a lock is enough).
+Used by the command line, the tests, replication and the fault harness. One
+``KafkaConnection`` is one TCP connection, over TLS when given an ``ssl.SSLContext``: it
+negotiates versions with ApiVersions, logs in with SASL when given a login (the cluster's own,
+``ClusterLogin``, or a user's, ``UserLogin``: PLAIN, SCRAM-SHA-256/512), then sends requests one
+at a time (responses come back in order, so a lock is enough).
 """
 
 from __future__ import annotations
 
+import ssl
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,8 +22,10 @@ from raftlog.protocol.codec import Api, Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
-from raftlog.security.scram import ScramError
+from raftlog.security.scram import ScramClient, ScramError
 from raftlog.security.session import CLUSTER_MECHANISM, ClusterCredentials
+
+Stream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
 _SIZE = struct.Struct(">i")
 RESPONSE_BYTES_MAX = 256 * 1024 * 1024
@@ -51,12 +56,44 @@ class ClusterLogin:
     credentials: ClusterCredentials
     user: str
     extensions: Callable[[], dict[str, str]] = field(default=dict)
+    # TLS for connections made with this login: a node's context for its peers' inter-broker
+    # listener when that is SSL or SASL_SSL (None: plain TCP).
+    tls: ssl.SSLContext | None = None
+
+    @property
+    def mechanism(self) -> str:
+        return CLUSTER_MECHANISM
+
+
+@dataclass(frozen=True)
+class UserLogin:
+    """A user's SASL login (a tool's ``sasl.username``/``sasl.password``): PLAIN,
+    SCRAM-SHA-256 or SCRAM-SHA-512."""
+
+    mechanism: str
+    user: str
+    password: str = field(repr=False)
+
+
+Login = ClusterLogin | UserLogin
+
+
+@dataclass(frozen=True)
+class Security:
+    """How a tool's connections are made (its ``--command-config``): over TLS with ``tls``,
+    logged in with ``login``. The default is plain TCP without SASL."""
+
+    login: Login | None = None
+    tls: ssl.SSLContext | None = None
+
+
+PLAINTEXT = Security()
 
 
 class KafkaConnection:
     """One negotiated connection to one broker."""
 
-    def __init__(self, stream: trio.SocketStream, client_id: str) -> None:
+    def __init__(self, stream: Stream, client_id: str) -> None:
         self._stream = stream
         self._client_id = client_id
         self._correlation_id = 0
@@ -66,13 +103,32 @@ class KafkaConnection:
     @classmethod
     async def connect(
         cls, host: str, port: int, *, client_id: str = "raftlog-cli", timeout_s: float = 5.0,
-        login: ClusterLogin | None = None,
+        login: Login | None = None, tls: ssl.SSLContext | None = None,
+        security: Security | None = None,
     ) -> KafkaConnection:
+        """Connects (over TLS with ``tls``, or with the ``ClusterLogin``'s own context),
+        negotiates versions and logs in with ``login`` (``security`` gives both)."""
+        if security is not None:
+            login, tls = login or security.login, tls or security.tls
+        if tls is None and isinstance(login, ClusterLogin):
+            tls = login.tls
         try:
             with trio.fail_after(timeout_s):
-                stream = await trio.open_tcp_stream(host, port)
+                tcp = await trio.open_tcp_stream(host, port)
         except (OSError, trio.TooSlowError) as exc:
             raise KafkaClientError(f"cannot connect to {host}:{port}: {exc}") from exc
+        stream: Stream = tcp
+        if tls is not None:
+            stream = trio.SSLStream(tcp, tls, server_hostname=host)
+            try:
+                with trio.fail_after(timeout_s):
+                    await stream.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError, OSError) as exc:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await tcp.aclose()
+                cause = exc.__cause__ if isinstance(exc.__cause__, ssl.SSLError) else exc
+                raise KafkaClientError(f"TLS handshake with {host}:{port} failed:"
+                                       f" {getattr(cause, 'reason', None) or cause!r}") from exc
         connection = cls(stream, client_id)
         try:
             await connection._negotiate()
@@ -84,14 +140,21 @@ class KafkaConnection:
             raise
         return connection
 
-    async def _authenticate(self, login: ClusterLogin, timeout_s: float) -> None:
-        """SaslHandshake v1 then SaslAuthenticate: SCRAM's two round trips."""
-        shake = await self.request(SASL_HANDSHAKE, {"mechanism": CLUSTER_MECHANISM},
+    async def _authenticate(self, login: Login, timeout_s: float) -> None:
+        """SaslHandshake v1 then SaslAuthenticate: one round trip for PLAIN, SCRAM's two."""
+        shake = await self.request(SASL_HANDSHAKE, {"mechanism": login.mechanism},
                                    version=1, timeout_s=timeout_s)
         if shake.error_code:
             raise KafkaClientError(f"SaslHandshake refused: {ErrorCode(shake.error_code).name}"
                                    f" (server offers {list(shake.mechanisms)})")
-        scram = login.credentials.client(login.user, login.extensions())
+        if isinstance(login, ClusterLogin):
+            scram = login.credentials.client(login.user, login.extensions())
+        elif login.mechanism == "PLAIN":
+            token = f"\0{login.user}\0{login.password}".encode()
+            await self._sasl_step(token, timeout_s)
+            return
+        else:
+            scram = ScramClient(login.mechanism, login.user, login.password.encode())
         try:
             first = await self._sasl_step(scram.first(), timeout_s)
             final = await self._sasl_step(scram.final(first), timeout_s)
@@ -172,8 +235,16 @@ class KafkaConnection:
         # and receive_some would allocate a max-size bytes per call and copy it again.
         buf = bytearray(size)
         view = memoryview(buf)
-        sock = self._stream.socket
         received = 0
+        if isinstance(self._stream, trio.SSLStream):
+            while received < size:
+                data = await self._stream.receive_some(size - received)
+                if not data:
+                    raise KafkaClientError("broker closed the connection")
+                view[received:received + len(data)] = data
+                received += len(data)
+            return buf
+        sock = self._stream.socket
         while received < size:
             count = await sock.recv_into(view[received:], size - received)
             if count == 0:
@@ -197,12 +268,14 @@ def _is_v0_error(body: memoryview) -> bool:
 
 
 async def connect_any(bootstrap: str, *, client_id: str = "raftlog-cli",
-                      login: ClusterLogin | None = None) -> KafkaConnection:
+                      login: Login | None = None, tls: ssl.SSLContext | None = None,
+                      security: Security | None = None) -> KafkaConnection:
     """Connects to the first reachable bootstrap server."""
     errors = []
     for host, port in parse_bootstrap(bootstrap):
         try:
-            return await KafkaConnection.connect(host, port, client_id=client_id, login=login)
+            return await KafkaConnection.connect(host, port, client_id=client_id, login=login,
+                                                 tls=tls, security=security)
         except KafkaClientError as exc:
             errors.append(str(exc))
     raise KafkaClientError("; ".join(errors))

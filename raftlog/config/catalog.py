@@ -42,6 +42,7 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": None,
+    "security.inter.broker.protocol": None,  # Kafka's alternative to the listener name
     # TLS listeners (raftlog.config.tls), Kafka's names; each may be set per listener as
     # listener.name.<name>.ssl.*. Why PEM by default (Kafka's is JKS): PEM is all raftlog reads.
     "ssl.keystore.type": "PEM",
@@ -56,6 +57,8 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "ssl.enabled.protocols": "TLSv1.2,TLSv1.3",
     "ssl.cipher.suites": None,
     "ssl.principal.mapping.rules": "DEFAULT",
+    # The node's own TLS connections check the peer's host name (Kafka's default, https).
+    "ssl.endpoint.identification.algorithm": "https",
     "log.dirs": None,
     "log.dir": "/tmp/raftlog-logs",
     "metadata.log.dir": None,

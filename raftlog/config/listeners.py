@@ -130,10 +130,27 @@ def parse_inter_broker_name(
     props: Properties, roles: tuple[str, ...], advertised: tuple[Listener, ...],
     protocols: dict[str, str] | None = None,
 ) -> str:
-    """The listener brokers talk to each other on: by default the first advertised PLAINTEXT
-    one (node-to-node connections do not speak TLS), else the first advertised one."""
+    """The listener brokers talk to each other on: ``inter.broker.listener.name``, or the
+    listener of protocol ``security.inter.broker.protocol`` (the one named after it first, as
+    in Kafka), by default the first advertised PLAINTEXT one, else the first advertised one."""
     names = [listener.name for listener in advertised]
     text = props.text("inter.broker.listener.name")
+    by_protocol = props.text("security.inter.broker.protocol")
+    if text is not None and by_protocol is not None:
+        raise ConfigError("security.inter.broker.protocol", "set inter.broker.listener.name or"
+                          " security.inter.broker.protocol, not both")
+    if by_protocol is not None:
+        wanted = by_protocol.strip().upper()
+        matching = [name for name in names
+                    if (protocols or {}).get(name, "PLAINTEXT") == wanted]
+        if wanted in matching:
+            return wanted
+        if not matching:
+            if "broker" in roles:
+                raise ConfigError("security.inter.broker.protocol",
+                                  f"no advertised listener uses {wanted} (listeners: {names})")
+            return names[0] if names else ""
+        return matching[0]
     if text is None:
         if "broker" in roles and not names:
             raise ConfigError("listeners", "a broker needs at least one non-controller listener")

@@ -39,6 +39,7 @@ SASL_PROPERTY_DEFAULTS: Final[Mapping[str, str | None]] = {
 }
 _OPTION: Final = re.compile(r'\s*([A-Za-z0-9_.\-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s;"]+)')
 _LISTENER_JAAS: Final = re.compile(r"listener\.name\.([^.]+)\.plain\.sasl\.jaas\.config")
+_LISTENER_MECHANISMS: Final = re.compile(r"listener\.name\.([^.]+)\.sasl\.enabled\.mechanisms")
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,17 @@ class SaslSettings:
     listener_plain_users: Mapping[str, Mapping[str, str]] = field(default_factory=dict,
                                                                   repr=False)
     reauth_ms: int = 0
-    # The listeners whose protocol is SASL_PLAINTEXT: a connection there must authenticate
-    # before anything but ApiVersions and the SASL exchange.
+    # The listeners whose protocol is SASL_PLAINTEXT or SASL_SSL: a connection there must
+    # authenticate before anything but ApiVersions and the SASL exchange.
     sasl_listeners: tuple[str, ...] = ()
+    # listener.name.<listener>.sasl.enabled.mechanisms, which replace the broker-wide list.
+    listener_mechanisms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def plain_users_of(self, listener: str) -> Mapping[str, str]:
         return self.listener_plain_users.get(listener.upper(), self.plain_users)
+
+    def mechanisms_of(self, listener: str) -> tuple[str, ...]:
+        return self.listener_mechanisms.get(listener.upper(), self.enabled_mechanisms)
 
 
 def parse_sasl_settings(props: Mapping[str, str], protocol_map: str = "",
@@ -67,12 +73,8 @@ def parse_sasl_settings(props: Mapping[str, str], protocol_map: str = "",
     Raises:
         ConfigError: an unserved mechanism, or a JAAS line that is not a PlainLoginModule.
     """
-    text = props.get("sasl.enabled.mechanisms", "")
-    mechanisms = tuple(m.upper() for m in parse_list(text)) if text else DEFAULT_MECHANISMS
-    unserved = [m for m in mechanisms if m not in SERVED_MECHANISMS]
-    if unserved:
-        raise ConfigError("sasl.enabled.mechanisms",
-                          f"{unserved} not served; raftlog serves {list(SERVED_MECHANISMS)}")
+    mechanisms = _mechanisms("sasl.enabled.mechanisms", props.get("sasl.enabled.mechanisms", ""))
+    listener_mechanisms = {}
     jaas = props.get("sasl.jaas.config", "")
     plain = parse_plain_jaas("sasl.jaas.config", jaas) if jaas else {}
     per_listener = {}
@@ -80,20 +82,32 @@ def parse_sasl_settings(props: Mapping[str, str], protocol_map: str = "",
         match = _LISTENER_JAAS.fullmatch(key)
         if match is not None and value:
             per_listener[match.group(1).upper()] = parse_plain_jaas(key, value)
+        match = _LISTENER_MECHANISMS.fullmatch(key)
+        if match is not None and value:
+            listener_mechanisms[match.group(1).upper()] = _mechanisms(key, value)
     reauth = parse_int("connections.max.reauth.ms",
                        props.get("connections.max.reauth.ms", "") or "0", 0, LONG_MAX)
     return SaslSettings(mechanisms, plain, per_listener, reauth,
-                        sasl_listener_names(protocol_map, listener_names))
+                        sasl_listener_names(protocol_map, listener_names), listener_mechanisms)
+
+
+def _mechanisms(name: str, text: str) -> tuple[str, ...]:
+    mechanisms = tuple(m.upper() for m in parse_list(text)) if text else DEFAULT_MECHANISMS
+    unserved = [m for m in mechanisms if m not in SERVED_MECHANISMS]
+    if unserved:
+        raise ConfigError(name, f"{unserved} not served; raftlog serves {list(SERVED_MECHANISMS)}")
+    return mechanisms
 
 
 def sasl_listener_names(protocol_map: str, listener_names: tuple[str, ...]) -> tuple[str, ...]:
-    """The listeners mapped to SASL_PLAINTEXT (a name missing from the map is its own
-    protocol, as in Kafka)."""
+    """The listeners mapped to SASL_PLAINTEXT or SASL_SSL (a name missing from the map is its
+    own protocol, as in Kafka)."""
     mapped = {}
     for item in parse_list(protocol_map):
         name, _, protocol = item.partition(":")
         mapped[name.strip().upper()] = protocol.strip().upper()
-    return tuple(name for name in listener_names if mapped.get(name, name) == "SASL_PLAINTEXT")
+    return tuple(name for name in listener_names
+                 if mapped.get(name, name) in ("SASL_PLAINTEXT", "SASL_SSL"))
 
 
 def parse_plain_jaas(name: str, text: str) -> dict[str, str]:

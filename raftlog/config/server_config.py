@@ -40,7 +40,12 @@ from raftlog.config.properties import (
     parse_list,
 )
 from raftlog.config.sasl import SaslSettings, parse_sasl_settings
-from raftlog.config.tls import SSL, TlsSettings, parse_security_protocols, parse_tls_settings
+from raftlog.config.tls import (
+    TLS_PROTOCOLS,
+    TlsSettings,
+    parse_security_protocols,
+    parse_tls_settings,
+)
 from raftlog.config.topics import (
     BROKER_TO_TOPIC_CONFIG,
     COMPRESSION_TYPES,
@@ -125,7 +130,7 @@ class ServerConfig:
     metrics_listener: tuple[str, int] | None = None
     metrics_partition_detail_enable: bool = False
     metrics_consumer_group_lag_partition_enable: bool = False
-    # Each listener's security protocol (PLAINTEXT or SSL) and each SSL listener's settings.
+    # Each listener's security protocol and each SSL/SASL_SSL listener's TLS settings.
     listener_protocols: tuple[tuple[str, str], ...] = ()
     tls: tuple[TlsSettings, ...] = ()
     # SASL mechanisms, PLAIN users, re-authentication (raftlog.config.sasl).
@@ -216,12 +221,6 @@ def _build(props: Properties) -> ServerConfig:
         props, {listener.name for listener in listeners}, controller_names)
     voters = parse_quorum_voters(props, node_id, roles, listeners, controller_names)
     inter_broker = parse_inter_broker_name(props, roles, advertised, protocols)
-    if protocols.get(inter_broker) == SSL and (len(voters) > 1 or "controller" not in roles):
-        raise ConfigError(
-            "inter.broker.listener.name",
-            f"{inter_broker} is an SSL listener, and raftlog's node-to-node connections do"
-            " not speak TLS yet: name a PLAINTEXT listener (node-to-node requests still"
-            " authenticate with raft.secret)")
     log_dirs = _parse_log_dirs(props)
     return ServerConfig(
         node_id=node_id,
@@ -297,7 +296,7 @@ def _build(props: Properties) -> ServerConfig:
             "metrics.consumer.group.lag.partition.enable"),
         listener_protocols=tuple(sorted(protocols.items())),
         tls=tuple(parse_tls_settings(props, name)
-                  for name, protocol in sorted(protocols.items()) if protocol == SSL),
+                  for name, protocol in sorted(protocols.items()) if protocol in TLS_PROTOCOLS),
     )
 
 

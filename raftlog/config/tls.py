@@ -1,8 +1,8 @@
 """Listener security protocols and the TLS settings of SSL listeners, in Kafka's PEM form.
 
-``listener.security.protocol.map`` gives each listener its protocol: PLAINTEXT, SSL
-and SASL_PLAINTEXT (raftlog.config.sasl); SASL_SSL is refused until SASL runs over TLS. An
-SSL listener takes Kafka's ``ssl.*`` properties, each overridable per listener as
+``listener.security.protocol.map`` gives each listener its protocol: PLAINTEXT, SSL,
+SASL_PLAINTEXT and SASL_SSL (TLS first, then the SASL exchange of raftlog.config.sasl). An
+SSL or SASL_SSL listener takes Kafka's ``ssl.*`` properties, each overridable per listener as
 ``listener.name.<lower-case name>.ssl.*``:
 
 * the key and certificate chain: ``ssl.keystore.location`` (one PEM file holding the key and
@@ -32,6 +32,7 @@ SSL: Final = "SSL"
 SASL_PLAINTEXT: Final = "SASL_PLAINTEXT"
 SASL_SSL: Final = "SASL_SSL"
 SASL_PROTOCOLS: Final = frozenset({SASL_PLAINTEXT, SASL_SSL})
+TLS_PROTOCOLS: Final = frozenset({SSL, SASL_SSL})
 KNOWN_PROTOCOLS: Final = frozenset({PLAINTEXT, SSL, *SASL_PROTOCOLS})
 CLIENT_AUTH: Final = frozenset({"none", "requested", "required"})
 TLS_VERSIONS: Final = ("TLSv1.2", "TLSv1.3")
@@ -40,7 +41,7 @@ SSL_PROPERTIES: Final = (
     "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.certificate.chain",
     "ssl.keystore.key", "ssl.key.password", "ssl.truststore.type", "ssl.truststore.location",
     "ssl.truststore.certificates", "ssl.client.auth", "ssl.enabled.protocols",
-    "ssl.cipher.suites", "ssl.principal.mapping.rules",
+    "ssl.cipher.suites", "ssl.principal.mapping.rules", "ssl.endpoint.identification.algorithm",
 )
 LISTENER_PREFIX: Final = "listener.name."  # listener.name.<lower-case name>.ssl.*
 
@@ -60,6 +61,9 @@ class TlsSettings:
     protocols: tuple[str, ...] = TLS_VERSIONS
     cipher_suites: tuple[str, ...] = ()
     principal_rules: str = "DEFAULT"
+    # Whether the node's own connections to this listener of its peers check the peer's host
+    # name against its certificate: "https" (Kafka's default) or "" (none).
+    endpoint_identification: str = "https"
 
     @property
     def has_truststore(self) -> bool:
@@ -81,15 +85,10 @@ def parse_security_protocols(
             raise ConfigError("listener.security.protocol.map",
                               f"listener {name} has no security protocol (got {protocol!r};"
                               f" expected one of {sorted(KNOWN_PROTOCOLS)})")
-        if protocol == SASL_SSL:
+        if protocol != PLAINTEXT and name in controller_names:
             raise ConfigError(
                 "listener.security.protocol.map",
-                f"listener {name} uses {protocol}; raftlog serves PLAINTEXT, SSL and"
-                " SASL_PLAINTEXT listeners: SASL over TLS is not served yet")
-        if protocol == SSL and name in controller_names:
-            raise ConfigError(
-                "listener.security.protocol.map",
-                f"controller listener {name} cannot be SSL: it carries the Raft transport"
+                f"controller listener {name} cannot be {protocol}: it carries the Raft transport"
                 " (pysyncobj, authenticated and encrypted with raft.secret, no TLS); map it to"
                 " PLAINTEXT")
         protocols[name] = protocol
@@ -97,7 +96,8 @@ def parse_security_protocols(
 
 
 def parse_tls_settings(props: Properties, listener: str) -> TlsSettings:
-    """The TLS settings of SSL listener ``listener`` (per-listener properties win)."""
+    """The TLS settings of SSL or SASL_SSL listener ``listener`` (per-listener properties
+    win)."""
 
     def scoped(name: str) -> str:
         return f"{LISTENER_PREFIX}{listener.lower()}.{name}"
@@ -122,7 +122,7 @@ def parse_tls_settings(props: Properties, listener: str) -> TlsSettings:
         raise ConfigError(where("ssl.keystore.location"), "set either ssl.keystore.location or"
                           " ssl.keystore.certificate.chain + ssl.keystore.key, not both")
     if not location and not (chain and key):
-        raise ConfigError(where("ssl.keystore.location"), f"SSL listener {listener} needs its key"
+        raise ConfigError(where("ssl.keystore.location"), f"TLS listener {listener} needs its key"
                           " and certificate: ssl.keystore.location (a PEM file with both) or"
                           " ssl.keystore.certificate.chain + ssl.keystore.key")
     trust_location, trust_inline = (text("ssl.truststore.location"),
@@ -147,7 +147,15 @@ def parse_tls_settings(props: Properties, listener: str) -> TlsSettings:
         PrincipalMapper(rules)
     except PrincipalMappingError as exc:
         raise ConfigError(where("ssl.principal.mapping.rules"), str(exc)) from exc
+    # Kafka disables the check with an empty value, which text() would read as the default.
+    algorithm_name = "ssl.endpoint.identification.algorithm"
+    given = props.given.get(scoped(algorithm_name), props.given.get(algorithm_name))
+    algorithm = (given if given is not None else "https").strip().lower()
+    if algorithm not in ("https", "", "none"):
+        raise ConfigError(where("ssl.endpoint.identification.algorithm"),
+                          f"expected https or empty, got {algorithm!r}")
     return TlsSettings(
+        endpoint_identification="https" if algorithm == "https" else "",
         listener=listener, keystore_location=location, keystore_chain=chain, keystore_key=key,
         key_password=text("ssl.key.password"), truststore_location=trust_location,
         truststore_certificates=trust_inline, client_auth=client_auth, protocols=protocols,

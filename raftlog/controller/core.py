@@ -76,7 +76,7 @@ from raftlog.controller.elections import (
     plan_partition_changes,
 )
 from raftlog.metadata import errors
-from raftlog.metadata.image import BrokerImage, MetadataImage
+from raftlog.metadata.image import BrokerEndpoint, BrokerImage, MetadataImage
 from raftlog.metadata.placement import assign_replicas
 from raftlog.metadata.records import (
     FenceBroker,
@@ -166,6 +166,7 @@ class Registration:
     port: int
     rack: str | None = None
     cluster_id: str | None = None
+    endpoints: tuple[BrokerEndpoint, ...] = ()  # every listener the broker registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +320,8 @@ class ControllerCore:
                 f"session is still valid",
             )
         record = RegisterBroker(
-            request.broker_id, request.host, request.port, request.rack, request.incarnation_id
+            request.broker_id, request.host, request.port, request.rack, request.incarnation_id,
+            request.endpoints,
         )
         return Decision(proposals=(Proposal(record, None, "registration"),))
 

@@ -36,6 +36,7 @@ from raftlog.controller.service import (
     ControllerUnavailableError,
 )
 from raftlog.metadata import errors
+from raftlog.metadata.image import BrokerEndpoint
 from raftlog.metadata.state import METADATA_TOPIC_NAME
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
@@ -86,6 +87,9 @@ class ControllerRpcs:
         listener = _pick_listener(request.listeners, self.config.inter_broker_listener_name)
         if listener is None:
             return _registration_body(errors.INVALID_REQUEST)
+        endpoints = _endpoints(request.listeners)
+        if endpoints is None:
+            return _registration_body(errors.INVALID_REQUEST)
         registration = Registration(
             broker_id=request.broker_id,
             incarnation_id=request.incarnation_id.hex,
@@ -93,6 +97,7 @@ class ControllerRpcs:
             port=listener.port,
             rack=request.rack or None,
             cluster_id=request.cluster_id or None,
+            endpoints=endpoints,
         )
 
         async def register() -> Body:
@@ -201,6 +206,22 @@ class ControllerRpcs:
 
 
 # -- Bodies --------------------------------------------------------------------------------------
+
+
+# BrokerRegistration's security_protocol ids (Kafka's SecurityProtocol).
+_SECURITY_PROTOCOLS: Final = {0: "PLAINTEXT", 1: "SSL", 2: "SASL_PLAINTEXT", 3: "SASL_SSL"}
+
+
+def _endpoints(listeners: Sequence[Struct]) -> tuple[BrokerEndpoint, ...] | None:
+    """Every listener of a registration by name, or None when one has an unknown protocol."""
+    endpoints = []
+    for listener in listeners:
+        protocol = _SECURITY_PROTOCOLS.get(listener.security_protocol)
+        if protocol is None:
+            return None
+        endpoints.append(BrokerEndpoint(listener.name.upper(), listener.host, listener.port,
+                                        protocol))
+    return tuple(sorted(endpoints, key=lambda endpoint: endpoint.name))
 
 
 def _pick_listener(listeners: Sequence[Struct], name: str) -> Struct | None:

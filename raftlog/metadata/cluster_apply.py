@@ -44,6 +44,27 @@ HOST_LENGTH_MAX: Final = 255
 PORT_MAX: Final = 65535
 
 
+ENDPOINTS_MAX: Final = 64
+LISTENER_NAME_LENGTH_MAX: Final = 255
+SECURITY_PROTOCOLS: Final = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+
+
+def _check_endpoints(record: RegisterBroker) -> None:
+    """Every endpoint a valid address under a unique listener name with a known protocol."""
+    if len(record.endpoints) > ENDPOINTS_MAX:
+        reject(errors.INVALID_REQUEST, f"{len(record.endpoints)} endpoints (max {ENDPOINTS_MAX})")
+    names = [endpoint.name for endpoint in record.endpoints]
+    if len(set(names)) != len(names):
+        reject(errors.INVALID_REQUEST, f"listener names registered twice: {names}")
+    for endpoint in record.endpoints:
+        if (not 0 < len(endpoint.name) <= LISTENER_NAME_LENGTH_MAX
+                or endpoint.name != endpoint.name.upper()
+                or not 0 < len(endpoint.host) <= HOST_LENGTH_MAX
+                or not 1 <= endpoint.port <= PORT_MAX
+                or endpoint.security_protocol not in SECURITY_PROTOCOLS):
+            reject(errors.INVALID_REQUEST, f"invalid endpoint {endpoint}")
+
+
 def register_broker(
     image: MetadataImage, record: RegisterBroker, offset: int
 ) -> tuple[MetadataImage, int]:
@@ -53,16 +74,24 @@ def register_broker(
         reject(errors.INVALID_REQUEST, f"invalid endpoint {record.host!r}:{record.port}")
     if record.rack == "" or not record.incarnation_id:
         reject(errors.INVALID_REQUEST, "rack must be None or non-empty; incarnation_id non-empty")
+    _check_endpoints(record)
     existing = image.brokers.get(record.node_id)
     if existing is not None and existing.incarnation_id == record.incarnation_id:
         # A retried registration of the same incarnation is a no-op, like Kafka's.
         if (existing.host, existing.port, existing.rack) != (record.host, record.port, record.rack):
             reject(errors.INVALID_REQUEST, "incarnation re-registered with a different endpoint")
-        return image, existing.epoch
+        if existing.endpoints == record.endpoints:
+            return image, existing.epoch
+        # The same incarnation naming its listeners again (a single node registers itself as
+        # its quorum opens, before every listener is bound; its lifecycle then registers the
+        # bound ports): the endpoints change, the epoch does not.
+        updated = dataclasses.replace(existing, endpoints=record.endpoints, version=offset)
+        brokers = with_item(image.brokers, record.node_id, updated)
+        return dataclasses.replace(image, brokers=brokers), existing.epoch
     # A new incarnation starts fenced: it must catch up before it leads anything.
     broker = BrokerImage(
         record.node_id, record.host, record.port, record.rack, record.incarnation_id,
-        fenced=True, epoch=offset, version=offset,
+        fenced=True, epoch=offset, version=offset, endpoints=record.endpoints,
     )  # fmt: skip
     brokers = with_item(image.brokers, record.node_id, broker)
     return dataclasses.replace(image, brokers=brokers), offset

@@ -23,8 +23,8 @@ NO_LEADER: Final = -1
 EMPTY_VERSION: Final = -1
 # Snapshot layout version, bumped whenever an image dataclass changes shape.
 IMAGE_FORMAT_VERSION: Final = 3
-# Format 1 had no ``scram_users`` (it reads as an image without SCRAM users), formats 1 and 2
-# no ``acls`` (they read as an image without ACLs).
+# Format 1 had no ``scram_users`` (it reads as an image without SCRAM users); formats 1
+# and 2 had no ``acls`` (no ACLs) and no broker ``endpoints`` (each broker's one host:port).
 _IMAGE_FORMATS_READ: Final = (1, 2, 3)
 _IMAGE_KIND: Final = "raftlog.metadata.image"
 
@@ -38,12 +38,26 @@ def frozen_mapping(items: Mapping[K, V] | None = None) -> Mapping[K, V]:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerEndpoint:
+    """One listener a broker registered (KRaft's ``BrokerEndpoint``): clients on listener
+    ``name`` are given ``host:port``."""
+
+    name: str
+    host: str
+    port: int
+    security_protocol: str
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerImage:
     """A registered broker.
 
     Attributes:
+        host, port: The inter-broker listener's address (what nodes connect to).
         epoch: Offset of the RegisterBroker record of this incarnation (KRaft's broker epoch).
         version: Offset of the last record that changed this broker.
+        endpoints: Every listener it registered; empty for a registration made before brokers
+            registered their listeners (then ``host:port`` serves every listener).
     """
 
     node_id: int
@@ -54,6 +68,17 @@ class BrokerImage:
     fenced: bool
     epoch: int
     version: int
+    endpoints: tuple[BrokerEndpoint, ...] = ()
+
+    def endpoint(self, listener: str) -> tuple[str, int] | None:
+        """Where clients of ``listener`` reach this broker, or None when it lacks that
+        listener (a broker registered without endpoints answers with its one address)."""
+        if not self.endpoints:
+            return self.host, self.port
+        for endpoint in self.endpoints:
+            if endpoint.name == listener.upper():
+                return endpoint.host, endpoint.port
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +227,16 @@ def image_from_bytes(data: bytes) -> MetadataImage:
 
 def image_from_plain(plain: object, image_format: object, path: str) -> MetadataImage:
     """Decode an image written in ``image_format`` (an older format is read as the current
-    one: format 1 had no SCRAM users, formats 1 and 2 no ACLs)."""
+    one: format 1 had no SCRAM users, formats 1-2 no ACLs and no broker endpoints)."""
     if image_format == 1 and isinstance(plain, dict) and "scram_users" not in plain:
         plain = {**plain, "scram_users": {}, "scram_version": EMPTY_VERSION}
     if image_format in (1, 2) and isinstance(plain, dict) and "acls" not in plain:
         plain = {**plain, "acls": {}, "acl_version": EMPTY_VERSION}
+    if image_format in (1, 2) and isinstance(plain, dict) and isinstance(
+            plain.get("brokers"), dict):
+        plain = {**plain, "brokers": {
+            node_id: ({**broker, "endpoints": []} if isinstance(broker, dict) else broker)
+            for node_id, broker in plain["brokers"].items()}}
     image: MetadataImage = _codec.from_plain(MetadataImage, plain, path)
     return image
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 from raftlog.metadata import _codec
 from raftlog.metadata._codec import CodecError
-from raftlog.metadata.image import AclBindingImage, ScramCredentialImage
+from raftlog.metadata.image import AclBindingImage, BrokerEndpoint, ScramCredentialImage
 
 
 class RecordFormatError(CodecError):
@@ -30,15 +30,18 @@ class RecordFormatError(CodecError):
 
 @dataclass(frozen=True, slots=True)
 class RegisterBroker:
-    """A broker announces itself; a new incarnation starts fenced until ``UnfenceBroker``."""
+    """A broker announces itself; a new incarnation starts fenced until ``UnfenceBroker``.
+    ``host:port`` is its inter-broker listener; ``endpoints`` (version 1) every listener it
+    serves clients on. A version-0 record reads as one without endpoints."""
 
     TAG: ClassVar[int] = 1
-    VERSION: ClassVar[int] = 0
+    VERSION: ClassVar[int] = 1
     node_id: int
     host: str
     port: int
     rack: str | None
     incarnation_id: str
+    endpoints: tuple[BrokerEndpoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +330,8 @@ def _record_from_plain(plain: object, path: str) -> Record:
         raise RecordFormatError(
             f"{path}: {cls.__name__} version {version!r} not supported (max {cls.VERSION})"
         )
+    if cls is RegisterBroker and version == 0 and "endpoints" not in fields:
+        fields["endpoints"] = []  # version 0 registered the inter-broker address only
     try:
         record: Record = _codec.from_plain(cls, fields, f"{path}<{cls.__name__}>")
     except CodecError as exc:

@@ -95,7 +95,7 @@ __all__ = [
 
 REQUEST_WINDOW_MAX: Final = 10_000
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
-_SNAPSHOT_FORMAT_VERSION: Final = 3  # 1: images without SCRAM users, 2: without ACLs
+_SNAPSHOT_FORMAT_VERSION: Final = 3  # 1: no SCRAM users; 1-2: no ACLs, no broker endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +324,8 @@ class MetadataStateMachine:
         state_plain = plain.get("state")
         if not isinstance(state_plain, dict) or set(state_plain) != {"image", "requests"}:
             raise CodecError("state: expected a map of image and requests")
-        # A format-N snapshot holds a format-N image (1: no SCRAM users, 2: no ACLs).
+        # A format-N snapshot holds a format-N image (1: no SCRAM users; 2: no ACLs, no
+        # broker endpoints).
         image = image_from_plain(state_plain["image"], header[1], "state.image")
         requests = _codec.from_plain(tuple[tuple[str, ApplyResult], ...],
                                      state_plain["requests"], "state.requests")

@@ -23,7 +23,7 @@ from typing import Final
 
 import trio
 
-from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.image import BrokerEndpoint, MetadataImage
 from raftlog.metadata.records import (
     BecomeController,
     Command,
@@ -65,6 +65,7 @@ class LocalNode:
     host: str
     port: int
     rack: str | None = None
+    endpoints: tuple[BrokerEndpoint, ...] = ()  # every listener (RegisterBroker's)
 
 
 class _Proposal:
@@ -426,7 +427,8 @@ class LocalQuorum:
         term = self._image.controller_term + 1
         records: tuple[Record, ...] = (
             BecomeController(term, node.node_id),
-            RegisterBroker(node.node_id, node.host, node.port, node.rack, uuid.uuid4().hex),
+            RegisterBroker(node.node_id, node.host, node.port, node.rack, uuid.uuid4().hex,
+                           node.endpoints),
             UnfenceBroker(node.node_id),
         )
         for record in records:

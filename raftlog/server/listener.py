@@ -563,8 +563,8 @@ async def serve_listener(
     request budget, shared by its listeners (a fresh one by default)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
-    log.info("Kafka listener %s (%s) on %s:%d", listener, "SSL" if tls else "PLAINTEXT", host,
-             bound_port)
+    protocol = ("SASL_" if sasl_required else "") + ("SSL" if tls else "PLAINTEXT")
+    log.info("Kafka listener %s (%s) on %s:%d", listener, protocol, host, bound_port)
 
     if memory is None:
         memory = RequestMemory(limits.queued_request_bytes_max)  # one budget for the node

@@ -121,7 +121,7 @@ def build_authenticators(sasl: SaslSettings, credentials: ClusterCredentials | N
         found = by_listener.get(listener)
         if found is None:
             found = by_listener[listener] = SaslAuthenticator(
-                sasl.enabled_mechanisms, credentials, users, sasl.plain_users_of(listener),
+                sasl.mechanisms_of(listener), credentials, users, sasl.plain_users_of(listener),
                 sasl.reauth_ms, decoy)
         return found
 

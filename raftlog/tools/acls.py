@@ -34,7 +34,7 @@ from raftlog.security.acl import (
     AclResourceType,
     PatternType,
 )
-from raftlog.tools.transactions import admin_login
+from raftlog.tools import command_config
 
 __all__ = ["add_parser", "run"]
 
@@ -49,8 +49,7 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser("acls", help="add, list or remove ACLs (kafka-acls.sh)")
     parser.add_argument("action", choices=ACTIONS)
     parser.add_argument("--bootstrap-server", default="127.0.0.1:9092")
-    parser.add_argument("--command-config", help="properties with raft.secret or "
-                        "raft.secret.file: authenticate as the cluster admin")
+    command_config.add_argument(parser)
     parser.add_argument("--allow-principal", action="append", default=[])
     parser.add_argument("--deny-principal", action="append", default=[])
     parser.add_argument("--principal", action="append", default=[],
@@ -107,8 +106,8 @@ def _pattern(args: argparse.Namespace, default: str) -> PatternType:
 
 
 async def acls_command(args: argparse.Namespace) -> int:
-    login = admin_login(args.command_config)
-    async with await connect_any(args.bootstrap_server, login=login) as connection:
+    async with await connect_any(args.bootstrap_server,
+                                 security=command_config.from_args(args)) as connection:
         if args.action == "add":
             return await _add(connection, args)
         if args.action == "remove":

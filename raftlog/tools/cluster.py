@@ -16,10 +16,12 @@ endpoint existed gets free metrics ports added to its ``cluster.json``).
 The supervisor prints exactly one line on stdout, ``bootstrap.servers=127.0.0.1:p1,...``, once
 every node answers ``/health/ready`` with 200 and a topic replicated on every node can be
 created and produced to with ``acks=all`` (the probe topic is deleted again). Everything else
-goes to stderr, including each node's metrics URL. On SIGINT/SIGTERM it stops the nodes
-one at a time, the controller last, each with SIGTERM (a controlled shutdown) and SIGKILL after
-``NODE_STOP_TIMEOUT_S``. Children run in their own session, so a terminal's Ctrl-C reaches only
-the supervisor, which then stops them in that order.
+goes to stderr, including each node's metrics URL. With ``--secure`` (``secure_cluster.py``:
+SASL_SSL listeners, a local CA, an admin SCRAM user) a second line follows,
+``client.config=PATH``, the librdkafka client properties to connect with. On SIGINT/SIGTERM
+it stops the nodes one at a time, the controller last, each with SIGTERM (a controlled
+shutdown) and SIGKILL after ``NODE_STOP_TIMEOUT_S``. Children run in their own session, so a
+terminal's Ctrl-C reaches only the supervisor, which then stops them in that order.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ from typing import Any, Final
 import h11
 import trio
 
-from raftlog.client.connection import KafkaClientError, KafkaConnection, parse_bootstrap
+from raftlog.client.connection import (
+    PLAINTEXT,
+    KafkaClientError,
+    KafkaConnection,
+    Security,
+    parse_bootstrap,
+)
 from raftlog.controller.rpcs import describe_quorum_request
 from raftlog.observe.http import endpoint_url, http_get
 from raftlog.partition.batch import build_batch
@@ -55,6 +63,13 @@ from raftlog.protocol.schemas import (
     DESCRIBE_QUORUM,
     METADATA,
     PRODUCE,
+)
+from raftlog.tools.command_config import load_security
+from raftlog.tools.secure_cluster import (
+    CLIENT_PROPERTIES,
+    make_secure_material,
+    secure_directory,
+    secure_node_properties,
 )
 
 log = logging.getLogger(__name__)
@@ -88,6 +103,8 @@ class ClusterLayout:
     cluster_id: str
     # Empty only in a layout read from a cluster.json older than the metrics endpoint.
     metrics_ports: tuple[int, ...] = ()
+    # ``--secure``: SASL_SSL listeners, a local CA, an admin SCRAM user (secure_cluster.py).
+    secure: bool = False
 
     @property
     def node_ids(self) -> range:
@@ -108,7 +125,10 @@ class ClusterLayout:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        data = asdict(self)
+        if not self.secure:  # a plain cluster's file is as it always was
+            del data["secure"]
+        return json.dumps(data, indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> ClusterLayout:
@@ -119,6 +139,7 @@ class ClusterLayout:
             controller_ports=tuple(int(p) for p in data["controller_ports"]),
             cluster_id=str(data["cluster_id"]),
             metrics_ports=tuple(int(p) for p in data.get("metrics_ports", ())),
+            secure=bool(data.get("secure", False)),
         )
         if not (len(layout.kafka_ports) == len(layout.controller_ports) == layout.nodes >= 1
                 and len(layout.metrics_ports) in (0, layout.nodes)):
@@ -128,9 +149,11 @@ class ClusterLayout:
         return layout
 
 
-def prepare(data_dir: Path, nodes: int | None, port_base: int | None) -> ClusterLayout:
+def prepare(data_dir: Path, nodes: int | None, port_base: int | None,
+            secure: bool | None = None) -> ClusterLayout:
     """Create the cluster directory, or check the arguments against the existing one, and
-    (re)write every node's ``server.properties``.
+    (re)write every node's ``server.properties`` (``secure``: see ``secure_cluster``; None
+    keeps what the directory was made with).
 
     Raises:
         ClusterError: the arguments contradict the existing cluster, or are invalid.
@@ -143,19 +166,27 @@ def prepare(data_dir: Path, nodes: int | None, port_base: int | None) -> Cluster
             raise ClusterError(f"{data_dir} holds a {layout.nodes}-node cluster, not {nodes}")
         if port_base not in (None, 0, layout.kafka_ports[0]):
             raise ClusterError(f"{data_dir} uses port base {layout.kafka_ports[0]}")
+        if secure is not None and secure != layout.secure:
+            made = "with" if layout.secure else "without"
+            raise ClusterError(f"{data_dir} holds a cluster made {made} --secure")
         if not layout.metrics_ports:  # made before the metrics endpoint: add its ports
             taken = {*layout.kafka_ports, *layout.controller_ports}
             layout = dataclasses.replace(layout, metrics_ports=tuple(
                 _free_ports(layout.nodes, avoid=taken)))
             layout_path.write_text(layout.to_json(), encoding="utf-8")
     else:
-        layout = _new_layout(3 if nodes is None else nodes,
-                             DEFAULT_PORT_BASE if port_base is None else port_base)
+        layout = dataclasses.replace(
+            _new_layout(3 if nodes is None else nodes,
+                        DEFAULT_PORT_BASE if port_base is None else port_base),
+            secure=bool(secure))
         _write_private(data_dir / SECRET_FILE, secrets.token_hex(32))
         layout_path.write_text(layout.to_json(), encoding="utf-8")
     secret_path = data_dir / SECRET_FILE
     if not secret_path.exists():
         raise ClusterError(f"{secret_path} is missing")
+    if layout.secure:
+        make_secure_material(data_dir, layout.node_ids, layout.bootstrap, [
+            node_directory(data_dir, node_id) / "data" for node_id in layout.node_ids])
     for node_id in layout.node_ids:
         node_dir = node_directory(data_dir, node_id)
         node_dir.mkdir(exist_ok=True)
@@ -230,6 +261,8 @@ def node_properties(layout: ClusterLayout, node_id: int, data_dir: Path) -> dict
         "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": str(HEARTBEAT_INTERVAL_MS),
         "metrics.listener": f"http://{HOST}:{layout.metrics_ports[index]}",
+        **(secure_node_properties(data_dir, node_id, HOST, kafka, controller)
+           if layout.secure else {}),
     }
 
 
@@ -261,9 +294,12 @@ async def cluster_up(
     *,
     log_level: str = "INFO",
     ready_timeout_s: float = READY_TIMEOUT_S,
+    secure: bool | None = None,
 ) -> int:
     """Run the cluster until SIGINT/SIGTERM; 0 after a clean stop, 1 if it never got ready."""
-    layout = prepare(data_dir, nodes, port_base)
+    layout = prepare(data_dir, nodes, port_base, secure)
+    client_config = secure_directory(data_dir) / CLIENT_PROPERTIES
+    security = load_security(str(client_config)) if layout.secure else PLAINTEXT
     check_ports_free(layout)
     children: list[_Child] = []
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -275,14 +311,16 @@ async def cluster_up(
                     nursery.start_soon(_watch, child)
                 problem = None
                 with trio.move_on_after(ready_timeout_s) as waited:
-                    problem = await _wait_ready(layout, children)
+                    problem = await _wait_ready(layout, children, security)
                 if waited.cancelled_caught or problem is not None:
                     log.error("cluster not ready: %s; see %s/node-*/server.log",
                               problem or f"timed out after {ready_timeout_s:.0f} s", data_dir)
-                    await _stop_all(children, layout)
+                    await _stop_all(children, layout, security)
                     nursery.cancel_scope.cancel()
                     return 1
                 print(f"bootstrap.servers={layout.bootstrap}", flush=True)
+                if layout.secure:  # librdkafka's names: confluent-kafka, kcat -F, --command-config
+                    print(f"client.config={client_config.resolve()}", flush=True)
                 for node_id in layout.node_ids:  # stdout keeps its one line
                     print(f"node {node_id} metrics: {layout.metrics_url(node_id)}/metrics",
                           file=sys.stderr, flush=True)
@@ -291,7 +329,7 @@ async def cluster_up(
                 async for signum in signals:
                     log.info("received %s: stopping the cluster", signal.Signals(signum).name)
                     break
-                await _stop_all(children, layout)
+                await _stop_all(children, layout, security)
                 nursery.cancel_scope.cancel()
         finally:
             for child in children:  # only stragglers: a clean stop has reaped them all
@@ -325,10 +363,11 @@ def _kill(child: _Child) -> None:
             child.process.kill()
 
 
-async def _stop_all(children: Sequence[_Child], layout: ClusterLayout) -> None:
+async def _stop_all(children: Sequence[_Child], layout: ClusterLayout,
+                    security: Security) -> None:
     """Stop the nodes one by one, the controller last, so every controlled shutdown can
     still reach a controller and a Raft majority."""
-    controller = await _controller_id(layout)
+    controller = await _controller_id(layout, security)
     ordered = sorted(children, key=lambda c: (c.node_id == controller, c.node_id))
     for child in ordered:
         await _stop(child)
@@ -350,11 +389,12 @@ async def _stop(child: _Child) -> None:
     await child.process.wait()
 
 
-async def _controller_id(layout: ClusterLayout) -> int | None:
+async def _controller_id(layout: ClusterLayout, security: Security) -> int | None:
     with trio.move_on_after(REQUEST_TIMEOUT_S):
         for host, port in parse_bootstrap(layout.bootstrap):
             try:
-                async with await KafkaConnection.connect(host, port, timeout_s=1.0) as conn:
+                async with await KafkaConnection.connect(host, port, timeout_s=1.0,
+                                                         security=security) as conn:
                     response = await conn.request(METADATA, {"topics": []}, timeout_s=1.0)
             except KafkaClientError:
                 continue
@@ -366,7 +406,8 @@ async def _controller_id(layout: ClusterLayout) -> int | None:
 # -- readiness ------------------------------------------------------------------------------------
 
 
-async def _wait_ready(layout: ClusterLayout, children: Sequence[_Child]) -> str | None:
+async def _wait_ready(layout: ClusterLayout, children: Sequence[_Child],
+                      security: Security) -> str | None:
     """Until every node answers /health/ready with 200 and a topic replicated on every node
     can be created and produced to (acks=all); returns why not if a node exits first."""
     problem = ""
@@ -377,7 +418,7 @@ async def _wait_ready(layout: ClusterLayout, children: Sequence[_Child]) -> str 
         try:
             with trio.fail_after(REQUEST_TIMEOUT_S * 3):
                 await check_health(layout)
-                await probe(layout.bootstrap, layout.nodes)
+                await probe(layout.bootstrap, layout.nodes, security)
             return None
         except (KafkaClientError, trio.TooSlowError, ClusterError) as exc:
             if str(exc) != problem:
@@ -399,7 +440,8 @@ async def check_health(layout: ClusterLayout) -> None:
             raise ClusterError(f"node {node_id} not ready ({status}: {reasons})")
 
 
-async def probe(bootstrap: str, replication_factor: int) -> None:
+async def probe(bootstrap: str, replication_factor: int,
+                security: Security = PLAINTEXT) -> None:
     """Create ``PROBE_TOPIC`` with ``replication_factor`` replicas, produce one record to it
     with acks=all, and delete it.
 
@@ -411,7 +453,8 @@ async def probe(bootstrap: str, replication_factor: int) -> None:
     async def connection(address: tuple[str, int]) -> KafkaConnection:
         if address not in connections:
             connections[address] = await KafkaConnection.connect(
-                *address, client_id="raftlog-cluster", timeout_s=REQUEST_TIMEOUT_S)
+                *address, client_id="raftlog-cluster", timeout_s=REQUEST_TIMEOUT_S,
+                security=security)
         return connections[address]
 
     try:
@@ -482,14 +525,15 @@ async def _produce_probe(leader: KafkaConnection) -> None:
 DESCRIBE_QUORUM_VERSION: Final = 1
 
 
-async def quorum_status(bootstrap: str) -> int:
+async def quorum_status(bootstrap: str, security: Security = PLAINTEXT) -> int:
     """Print the metadata quorum as the controller sees it (DescribeQuorum), like Kafka's
     ``kafka-metadata-quorum.sh describe --status --replication``."""
     addresses = parse_bootstrap(bootstrap)
     metadata: Any = None
     for address in addresses:
         try:
-            async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S) as c:
+            async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S,
+                                                     security=security) as c:
                 metadata = await c.request(METADATA, {"topics": []}, timeout_s=REQUEST_TIMEOUT_S)
                 break
         except KafkaClientError as exc:
@@ -501,7 +545,7 @@ async def quorum_status(bootstrap: str) -> int:
     fallback: tuple[int, Any] | None = None
     for node_id in order:
         try:
-            async with await KafkaConnection.connect(*brokers[node_id],
+            async with await KafkaConnection.connect(*brokers[node_id], security=security,
                                                      timeout_s=REQUEST_TIMEOUT_S) as conn:
                 response = await conn.request(DESCRIBE_QUORUM, describe_quorum_request(),
                                               version=DESCRIBE_QUORUM_VERSION,

@@ -11,7 +11,13 @@ from typing import Any
 
 import trio
 
-from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection, connect_any
+from raftlog.client.connection import (
+    PLAINTEXT,
+    KafkaClientError,
+    KafkaConnection,
+    Security,
+    connect_any,
+)
 from raftlog.controller.core import CONFIG_OP_DELETE, CONFIG_OP_SET, CONFIG_RESOURCE_TOPIC
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
@@ -79,14 +85,14 @@ class Cluster:
     brokers: dict[int, tuple[str, int]]
     connections: dict[int, KafkaConnection]
 
-    # Set when the tool authenticates as the cluster admin (``--command-config``): every
-    # connection it opens proves the secret.
-    login: ClusterLogin | None = None
+    # How every connection is made (``--command-config``): TLS, a user's SASL login, or the
+    # cluster admin's (which proves the secret).
+    security: Security = PLAINTEXT
 
     @classmethod
-    async def connect(cls, bootstrap: str, login: ClusterLogin | None = None) -> Cluster:
-        connection = await connect_any(bootstrap, login=login)
-        return cls(connection, {}, {}, login)
+    async def connect(cls, bootstrap: str, security: Security = PLAINTEXT) -> Cluster:
+        connection = await connect_any(bootstrap, security=security)
+        return cls(connection, {}, {}, security)
 
     async def metadata(self, topics: Sequence[str] | None) -> Struct:
         body = {"topics": None if topics is None else [{"name": t} for t in topics],
@@ -100,8 +106,8 @@ class Cluster:
             if node_id not in self.brokers:
                 raise KafkaClientError(f"leader {node_id} is not in the metadata")
             host, port = self.brokers[node_id]
-            self.connections[node_id] = await KafkaConnection.connect(host, port,
-                                                                      login=self.login)
+            self.connections[node_id] = await KafkaConnection.connect(
+                host, port, security=self.security)
         return self.connections[node_id]
 
     async def partition_leaders(self, topic: str) -> dict[int, int]:
@@ -122,9 +128,9 @@ class Cluster:
 
 async def topics_command(
     bootstrap: str, action: str, topic: str | None, partitions: int, replication_factor: int,
-    configs: Mapping[str, str],
+    configs: Mapping[str, str], security: Security = PLAINTEXT,
 ) -> int:
-    cluster = await Cluster.connect(bootstrap)
+    cluster = await Cluster.connect(bootstrap, security)
     try:
         if action == "list":
             response = await cluster.metadata(None)
@@ -220,7 +226,7 @@ def parse_add_config(texts: Sequence[str]) -> dict[str, str]:
 
 
 async def alter_topic_configs(bootstrap: str, topic: str, add: Mapping[str, str],
-                              delete: Sequence[str]) -> int:
+                              delete: Sequence[str], security: Security = PLAINTEXT) -> int:
     """IncrementalAlterConfigs on one topic: SET each of ``add``, DELETE each of ``delete``
     (any broker takes it; a node that is not the controller forwards it)."""
     if not add and not delete:
@@ -229,7 +235,7 @@ async def alter_topic_configs(bootstrap: str, topic: str, add: Mapping[str, str]
                for k, v in add.items()]
     configs += [{"name": k, "config_operation": CONFIG_OP_DELETE, "value": None}
                 for k in delete]
-    connection = await connect_any(bootstrap)
+    connection = await connect_any(bootstrap, security=security)
     try:
         response = await connection.request(INCREMENTAL_ALTER_CONFIGS, {
             "resources": [{"resource_type": CONFIG_RESOURCE_TOPIC, "resource_name": topic,
@@ -250,8 +256,8 @@ async def alter_topic_configs(bootstrap: str, topic: str, add: Mapping[str, str]
 
 
 async def console_produce(bootstrap: str, topic: str, key_separator: str | None,
-                          acks: int) -> int:
-    cluster = await Cluster.connect(bootstrap)
+                          acks: int, security: Security = PLAINTEXT) -> int:
+    cluster = await Cluster.connect(bootstrap, security)
     try:
         leaders = await cluster.partition_leaders(topic)
         producer = _Producer(cluster, topic, leaders, acks)
@@ -328,8 +334,8 @@ class _Producer:
 
 async def console_consume(bootstrap: str, topic: str, from_beginning: bool,
                           max_messages: int | None, timeout_ms: int | None, print_key: bool,
-                          print_offset: bool) -> int:
-    cluster = await Cluster.connect(bootstrap)
+                          print_offset: bool, security: Security = PLAINTEXT) -> int:
+    cluster = await Cluster.connect(bootstrap, security)
     try:
         leaders = await cluster.partition_leaders(topic)
         positions = await _start_positions(cluster, topic, leaders, from_beginning)

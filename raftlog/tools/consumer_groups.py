@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.client.connection import PLAINTEXT, KafkaClientError, KafkaConnection, Security
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FIND_COORDINATOR, LIST_OFFSETS
@@ -30,6 +30,7 @@ from raftlog.protocol.schemas_group import (
     OFFSET_COMMIT,
     OFFSET_FETCH,
 )
+from raftlog.tools import command_config
 from raftlog.tools.console import EARLIEST, LATEST, Cluster
 
 ACTIONS = ("list", "describe", "delete", "reset-offsets")
@@ -63,6 +64,7 @@ def add_parser(commands: Any) -> None:
     scenario.add_argument("--to-offset", type=int, metavar="N")
     groups.add_argument("--execute", action="store_true",
                         help="reset-offsets: commit the plan (the default is a dry run)")
+    command_config.add_argument(groups)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
     return trio.run(groups_command, args.bootstrap_server, args.action, args.group, args.topic,
-                    args.all_topics, scenario, args.execute)
+                    args.all_topics, scenario, args.execute, command_config.from_args(args))
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,8 @@ class GroupAdmin:
         self._by_address: dict[tuple[str, int], KafkaConnection] = {}
 
     @classmethod
-    async def connect(cls, bootstrap: str) -> GroupAdmin:
-        cluster = await Cluster.connect(bootstrap)
+    async def connect(cls, bootstrap: str, security: Security = PLAINTEXT) -> GroupAdmin:
+        cluster = await Cluster.connect(bootstrap, security)
         await cluster.metadata([])
         return cls(cluster)
 
@@ -182,7 +184,8 @@ class GroupAdmin:
                                    f"{ErrorCode(found.error_code).name}")
         address = (found.host, found.port)
         if address not in self._by_address:
-            self._by_address[address] = await KafkaConnection.connect(*address)
+            self._by_address[address] = await KafkaConnection.connect(
+                *address, security=self.cluster.security)
         self._coordinators[group] = self._by_address[address]
         return self._coordinators[group]
 
@@ -263,10 +266,10 @@ class GroupAdmin:
 
 async def groups_command(bootstrap: str, action: str, groups: Sequence[str],
                          topics: Sequence[str], all_topics: bool, scenario: Scenario | None,
-                         execute: bool) -> int:
+                         execute: bool, security: Security = PLAINTEXT) -> int:
     if action != "list" and not groups:
         raise KafkaClientError(f"groups {action} needs --group")
-    admin = await GroupAdmin.connect(bootstrap)
+    admin = await GroupAdmin.connect(bootstrap, security)
     try:
         if action == "list":
             return await _list(admin)

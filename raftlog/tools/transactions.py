@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
-from raftlog.config import ConfigError, load_properties, raft_secret_of
+from raftlog.config import ConfigError
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FIND_COORDINATOR, INIT_PRODUCER_ID
 from raftlog.protocol.schemas_txn import (
@@ -37,7 +37,7 @@ from raftlog.protocol.schemas_txn import (
     LIST_TRANSACTIONS,
     WRITE_TXN_MARKERS,
 )
-from raftlog.security.session import ADMIN_USER, ClusterCredentials
+from raftlog.tools import command_config
 from raftlog.tools.console import Cluster
 
 __all__ = ["add_parser", "run", "transactions_command"]
@@ -63,8 +63,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--duration-ms", type=int, default=-1,
                         help="list: only transactions open for longer than this")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds")
-    parser.add_argument("--command-config", help="properties with raft.secret or "
-                        "raft.secret.file: authenticate as the cluster admin (abort needs it)")
+    command_config.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,24 +75,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def admin_login(command_config: str | None) -> ClusterLogin | None:
-    """The cluster-admin login of ``--command-config``, or None without one."""
-    if command_config is None:
-        return None
-    secret = raft_secret_of(load_properties(command_config))
-    if not secret:
-        raise ConfigError("--command-config", f"{command_config} sets neither raft.secret"
-                          " nor raft.secret.file")
-    return ClusterLogin(ClusterCredentials(secret), ADMIN_USER)
-
-
 async def transactions_command(args: argparse.Namespace) -> int:
-    login = admin_login(args.command_config)
-    if args.action == "abort" and login is None:
+    security = command_config.from_args(args)
+    if args.action == "abort" and not isinstance(security.login, ClusterLogin):
         print("Error: abort needs the cluster secret: --command-config FILE with"
               " raft.secret.file=... (it acts as the cluster admin)", file=sys.stderr)
         return 2
-    cluster = await Cluster.connect(args.bootstrap_server, login)
+    cluster = await Cluster.connect(args.bootstrap_server, security)
     try:
         if args.action == "list":
             return await _list(cluster, args.state, args.producer_id, args.duration_ms)

@@ -33,7 +33,7 @@ from raftlog.protocol.schemas_security import (
     DESCRIBE_USER_SCRAM_CREDENTIALS,
 )
 from raftlog.security.scram import salted_password
-from raftlog.tools.transactions import admin_login
+from raftlog.tools import command_config
 
 __all__ = ["add_parser", "run"]
 
@@ -54,8 +54,7 @@ def add_parser(commands: Any) -> None:
                         help="4096..16384 (default %(default)s)")
     parser.add_argument("--password")
     parser.add_argument("--password-file", help="a file whose first line is the password")
-    parser.add_argument("--command-config", help="properties with raft.secret or "
-                        "raft.secret.file: authenticate as the cluster admin")
+    command_config.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +100,7 @@ async def users_command(args: argparse.Namespace) -> int:
         mechanisms = [args.mechanism] if args.mechanism else None
         body = {"deletions": [], "upsertions": []}
         async with await connect_any(args.bootstrap_server,
-                                     login=admin_login(args.command_config)) as connection:
+                                     security=command_config.from_args(args)) as connection:
             described = await connection.request(DESCRIBE_USER_SCRAM_CREDENTIALS,
                                                  {"users": [{"name": n} for n in args.names]})
         for result in described.results:
@@ -112,7 +111,7 @@ async def users_command(args: argparse.Namespace) -> int:
     else:
         return await _list(args)
     async with await connect_any(args.bootstrap_server,
-                                 login=admin_login(args.command_config)) as connection:
+                                 security=command_config.from_args(args)) as connection:
         response = await connection.request(ALTER_USER_SCRAM_CREDENTIALS, body)
     failed = 0
     for result in response.results:
@@ -128,7 +127,7 @@ async def users_command(args: argparse.Namespace) -> int:
 async def _list(args: argparse.Namespace) -> int:
     users = [{"name": name} for name in args.names] or None
     async with await connect_any(args.bootstrap_server,
-                                 login=admin_login(args.command_config)) as connection:
+                                 security=command_config.from_args(args)) as connection:
         response = await connection.request(DESCRIBE_USER_SCRAM_CREDENTIALS, {"users": users})
     if response.error_code:
         print(f"Error: {ErrorCode(response.error_code).name}: {response.error_message}",

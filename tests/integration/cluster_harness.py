@@ -22,10 +22,12 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.client.connection import PLAINTEXT, KafkaClientError, KafkaConnection, Security
 from raftlog.controller.rpcs import describe_quorum_request
 from raftlog.protocol.schemas import DESCRIBE_QUORUM, METADATA
 from raftlog.tools.cluster import ClusterLayout, node_directory, prepare, probe
+from raftlog.tools.command_config import load_security
+from raftlog.tools.secure_cluster import CLIENT_PROPERTIES, secure_directory
 from tests.integration.helpers import broker_log_problems
 
 START_TIMEOUT_S = 30.0
@@ -130,12 +132,18 @@ class Cluster:
     directory: Path
     layout: ClusterLayout
     nodes: dict[int, ClusterNode] = field(default_factory=dict)
+    # ``secure``: how the harness's own connections are made (cluster up --secure's client
+    # config); plain TCP otherwise.
+    security: Security = PLAINTEXT
 
     @classmethod
     def create(cls, directory: Path, size: int = 3,
-               extra_properties: dict[str, str] | None = None) -> Cluster:
-        layout = prepare(directory, size, 0)
+               extra_properties: dict[str, str] | None = None, *,
+               secure: bool = False) -> Cluster:
+        layout = prepare(directory, size, 0, secure)
         cluster = cls(directory, layout)
+        if secure:
+            cluster.security = load_security(str(cluster.client_config))
         for node_id in layout.node_ids:
             node_dir = node_directory(directory, node_id)
             if extra_properties:
@@ -150,6 +158,11 @@ class Cluster:
     @property
     def bootstrap(self) -> str:
         return self.layout.bootstrap
+
+    @property
+    def client_config(self) -> Path:
+        """The librdkafka client properties ``cluster up --secure`` wrote."""
+        return secure_directory(self.directory) / CLIENT_PROPERTIES
 
     def live_bootstrap(self) -> str:
         return ",".join(n.bootstrap for n in self.nodes.values() if n.alive() and not n.paused)
@@ -182,7 +195,7 @@ class Cluster:
 
         def ready() -> bool:
             try:
-                run(probe(",".join(n.bootstrap for n in live), len(live)),
+                run(probe(",".join(n.bootstrap for n in live), len(live), self.security),
                     timeout_s=15)
             except Exception:
                 return False
@@ -199,7 +212,7 @@ class Cluster:
         last: Exception | None = None
         for candidate in candidates:
             try:
-                return run(_metadata(candidate.address, topic))
+                return run(_metadata(candidate.address, topic, self.security))
             except (KafkaClientError, trio.TooSlowError) as exc:
                 last = exc
         raise AssertionError(f"no node answered Metadata: {last}")
@@ -215,7 +228,8 @@ class Cluster:
             if not node.alive() or node.paused:
                 continue
             try:
-                partition = run(_describe_quorum(node.address), timeout_s=timeout_s)
+                partition = run(_describe_quorum(node.address, self.security),
+                                timeout_s=timeout_s)
             except (KafkaClientError, trio.TooSlowError):
                 continue
             if partition.error_code == 0:
@@ -229,15 +243,18 @@ class Cluster:
         assert not any(problems.values()), problems
 
 
-async def _metadata(address: tuple[str, int], topic: str | None) -> Any:
-    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S) as conn:
+async def _metadata(address: tuple[str, int], topic: str | None,
+                    security: Security = PLAINTEXT) -> Any:
+    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S,
+                                             security=security) as conn:
         body = {"topics": [] if topic is None else [{"name": topic}],
                 "allow_auto_topic_creation": False}
         return await conn.request(METADATA, body, timeout_s=REQUEST_TIMEOUT_S)
 
 
-async def _describe_quorum(address: tuple[str, int]) -> Any:
-    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S) as conn:
+async def _describe_quorum(address: tuple[str, int], security: Security = PLAINTEXT) -> Any:
+    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S,
+                                             security=security) as conn:
         response = await conn.request(DESCRIBE_QUORUM, describe_quorum_request(), version=1,
                                       timeout_s=REQUEST_TIMEOUT_S)
         return response.topics[0].partitions[0]

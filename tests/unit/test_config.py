@@ -268,7 +268,7 @@ def test_unknown_properties_warn_and_are_ignored(caplog: pytest.LogCaptureFixtur
         ({"listeners": "PLAINTEXT://h:1,PLAINTEXT://h:2"}, "listeners"),
         ({"listeners": "A://h:1,B://h:1"}, "listeners"),
         ({"listeners": "PLAINTEXT://h:1"}, "controller.listener.names"),
-        ({"listeners": "SASL_SSL://h:1,CONTROLLER://h:2"}, "listener.security.protocol.map"),
+        ({"listeners": "SASL_SSL://h:1,CONTROLLER://h:2"}, "ssl.keystore.location"),
         ({"listeners": "SSL://h:1,CONTROLLER://h:2"}, "ssl.keystore.location"),
         ({"advertised.listeners": "PLAINTEXT://0.0.0.0:9092"}, "advertised.listeners"),
         ({"advertised.listeners": "CONTROLLER://h:9093"}, "advertised.listeners"),

@@ -398,7 +398,7 @@ def test_client_final_nonce_forms(form: str, accepted: bool) -> None:
 
 # -- SASL_PLAINTEXT listeners in the server config ---------------------------------------------
 
-def test_sasl_plaintext_listener_is_accepted_and_sasl_ssl_still_refused() -> None:
+def test_sasl_plaintext_and_sasl_ssl_listeners_are_accepted() -> None:
     from raftlog.config import ServerConfig
     from raftlog.node import _check_sasl_listeners
 
@@ -420,10 +420,35 @@ def test_sasl_plaintext_listener_is_accepted_and_sasl_ssl_still_refused() -> Non
     assert both.sasl.sasl_listeners == ("USERS",)
     assert both.inter_broker_listener_name == "PLAINTEXT"
     _check_sasl_listeners(both)
-    with pytest.raises(ConfigError, match=r"listener\.security\.protocol\.map"):
+    # SASL_SSL: TLS settings per listener (Kafka's listener.name.<l>.ssl.*), SASL required,
+    # mechanisms per listener.
+    tls = ServerConfig.from_properties({
+        "node.id": "1", "listeners": "X://h:1,P://h:4,CONTROLLER://h:2",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,X:SASL_SSL,P:SASL_PLAINTEXT",
+        "listener.name.x.ssl.keystore.location": "/k.pem",
+        "listener.name.x.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "listener.name.p.plain.sasl.jaas.config": JAAS_BOB, "raft.secret": "s"})
+    assert tls.sasl.sasl_listeners == ("X", "P")
+    assert tls.protocol_of("X") == "SASL_SSL"
+    settings = tls.tls_of("X")
+    assert settings is not None and settings.keystore_location == "/k.pem"
+    assert tls.tls_of("P") is None
+    assert tls.sasl.mechanisms_of("X") == ("SCRAM-SHA-512",)
+    assert tls.sasl.mechanisms_of("P") == ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+    assert tls.sasl.plain_users_of("P") == {"bob": "b"}
+    with pytest.raises(ConfigError, match=r"ssl\.keystore\.location"):
         ServerConfig.from_properties({
             "node.id": "1", "listeners": "X://h:1,CONTROLLER://h:2",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,X:SASL_SSL"})
+    with pytest.raises(ConfigError, match="not served"):
+        ServerConfig.from_properties({
+            "node.id": "1", "listeners": "X://h:1,CONTROLLER://h:2",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,X:SASL_PLAINTEXT",
+            "listener.name.x.sasl.enabled.mechanisms": "GSSAPI"})
+
+
+JAAS_BOB = ('org.apache.kafka.common.security.plain.PlainLoginModule required'
+            ' user_bob="b";')
 
 
 def test_session_expires_without_reauthentication() -> None:

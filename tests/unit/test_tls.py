@@ -116,16 +116,19 @@ def test_ssl_listener_settings_and_per_listener_overrides(
     ({"ssl.client.auth": "sometimes"}, "ssl.client.auth", "none, requested or required"),
     ({"ssl.enabled.protocols": "TLSv1.1"}, "ssl.enabled.protocols", "TLSv1.2"),
     ({"ssl.principal.mapping.rules": "RULE:x"}, "ssl.principal.mapping.rules", "invalid"),
-    ({"listener.security.protocol.map": "SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,"
-                                        "CONTROLLER:PLAINTEXT"},
-     "listener.security.protocol.map", "SASL over TLS is not served"),
+    ({"listener.security.protocol.map": "SSL:SSL,PLAINTEXT:PLAINTEXT,"
+                                        "CONTROLLER:SASL_SSL"},
+     "listener.security.protocol.map", "Raft transport"),
     ({"listener.security.protocol.map": "SSL:TLS,PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
      "listener.security.protocol.map", "no security protocol"),
     ({"listener.security.protocol.map": "SSL:SSL,PLAINTEXT:PLAINTEXT,CONTROLLER:SSL"},
      "listener.security.protocol.map", "Raft transport"),
-    ({"inter.broker.listener.name": "SSL", "controller.quorum.voters":
-      "1@127.0.0.1:9093,2@127.0.0.1:9193,3@127.0.0.1:9293"},
-     "inter.broker.listener.name", "do not speak TLS"),
+    ({"inter.broker.listener.name": "SSL", "security.inter.broker.protocol": "SSL"},
+     "security.inter.broker.protocol", "not both"),
+    ({"security.inter.broker.protocol": "SASL_SSL"},
+     "security.inter.broker.protocol", "no advertised listener"),
+    ({"ssl.endpoint.identification.algorithm": "dns"},
+     "ssl.endpoint.identification.algorithm", "https"),
 ])
 def test_bad_tls_config_names_the_property(extra: dict[str, str], property_name: str,
                                            words: str) -> None:
