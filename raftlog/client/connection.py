@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from raftlog.client.tls_stream import TlsStream
 from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, Struct
 from raftlog.protocol.errors import ErrorCode
@@ -25,7 +26,7 @@ from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from raftlog.security.scram import ScramClient, ScramError
 from raftlog.security.session import CLUSTER_MECHANISM, ClusterCredentials
 
-Stream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
+Stream = trio.SocketStream | TlsStream
 
 _SIZE = struct.Struct(">i")
 RESPONSE_BYTES_MAX = 256 * 1024 * 1024
@@ -119,7 +120,7 @@ class KafkaConnection:
             raise KafkaClientError(f"cannot connect to {host}:{port}: {exc}") from exc
         stream: Stream = tcp
         if tls is not None:
-            stream = trio.SSLStream(tcp, tls, server_hostname=host)
+            stream = TlsStream(tcp, tls, server_side=False, server_hostname=host)
             try:
                 with trio.fail_after(timeout_s):
                     await stream.do_handshake()
@@ -236,13 +237,12 @@ class KafkaConnection:
         buf = bytearray(size)
         view = memoryview(buf)
         received = 0
-        if isinstance(self._stream, trio.SSLStream):
+        if isinstance(self._stream, TlsStream):
             while received < size:
-                data = await self._stream.receive_some(size - received)
-                if not data:
+                count = await self._stream.recv_into(view[received:], size - received)
+                if count == 0:
                     raise KafkaClientError("broker closed the connection")
-                view[received:received + len(data)] = data
-                received += len(data)
+                received += count
             return buf
         sock = self._stream.socket
         while received < size:
