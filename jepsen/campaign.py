@@ -43,7 +43,9 @@ Triple = tuple[str, str, int]
 
 # The settings that make runs comparable: resuming with different ones is refused.
 SETTINGS_KEYS: Final = ("nodes", "time_limit", "rate", "concurrency", "interval", "unsafe",
-                        "netns", "sub_via")
+                        "netns", "sub_via", "secure")
+# Settings newer than some recorded campaigns, with the value those campaigns ran with.
+SETTINGS_ADDED_LATER: Final[dict[str, Any]] = {"secure": False}
 # What a pruned (valid) run keeps: enough to see what was checked and to re-check it.
 PRUNE_KEEP: Final = ("results.json", "history.jsonl.gz")
 EXIT_REFUSED: Final = 2
@@ -80,6 +82,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def settings_mismatch(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """``name: recorded -> wanted`` for every differing setting."""
+    recorded = {**SETTINGS_ADDED_LATER, **recorded}
     return [f"{k}: {recorded.get(k)!r} -> {wanted[k]!r}" for k in SETTINGS_KEYS
             if recorded.get(k) != wanted[k]]
 
@@ -196,6 +199,8 @@ def header_line(name: str, settings: dict[str, Any], rows: Sequence[dict[str, An
             f"concurrency {settings['concurrency']}, fault interval "
             f"{settings['interval']:.0f} s"
             + (", UNSAFE cluster" if settings["unsafe"] else "")
+            + (", secured (SASL_SSL + SCRAM, node-to-node TLS)" if settings.get("secure")
+               else "")
             + ("" if settings.get("netns", True) else ", no namespaces")
             + f"; {dates}; run time {_duration(wall_s)} summed over runs, mean {mean} s a "
             + f"run; runs at a time: {_workers(rows)}; code under test: {_codes(rows)}.")

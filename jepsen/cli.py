@@ -29,6 +29,9 @@ def _test_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unsafe", action="store_true",
                    help="harness-only unsafe cluster: acks=1, unclean leader election, "
                         "no fsync before acknowledging (the checker must catch it)")
+    p.add_argument("--secure", action="store_true",
+                   help="secured cluster: SASL_SSL (TLS with a local CA, SCRAM-SHA-512 users,"
+                        " node-to-node TLS+SCRAM) on every node's only Kafka listener")
     p.add_argument("--no-netns", dest="netns", action="store_false",
                    help="run on loopback without network namespaces (no partitions)")
     p.add_argument("--sub-via", choices=("both", "assign", "subscribe"), default="both",
@@ -84,7 +87,8 @@ def _options(args: argparse.Namespace, workload: str, nemesis: str, seed: int) -
     return TestOptions(
         workload=workload, nemesis=nemesis, nodes=args.nodes, time_limit_s=args.time_limit,
         rate=args.rate, concurrency=args.concurrency, seed=seed, store=args.store,
-        unsafe=args.unsafe, interval_s=args.interval, netns=args.netns, sub_via=args.sub_via,
+        unsafe=args.unsafe, secure=args.secure, interval_s=args.interval, netns=args.netns,
+        sub_via=args.sub_via,
         final_time_s=args.final_time, keep_data=args.keep_data, progress=not args.quiet)
 
 

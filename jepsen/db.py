@@ -28,11 +28,15 @@ import trio
 
 from jepsen.net import Net
 from jepsen.scrape import fetch
-from raftlog.client.connection import KafkaClientError, KafkaConnection
+from raftlog.client.connection import PLAINTEXT, KafkaClientError, KafkaConnection, Security
 from raftlog.clock import ENV_OFFSET_FILE
+from raftlog.config.client_properties import parse_client_properties
+from raftlog.config.properties import load_properties
 from raftlog.controller.rpcs import describe_quorum_request
 from raftlog.protocol.schemas import DESCRIBE_QUORUM, METADATA
 from raftlog.tools.cluster import ClusterLayout, node_directory, node_properties, prepare, probe
+from raftlog.tools.command_config import security_of
+from raftlog.tools.secure_cluster import make_secure_material, secure_node_properties
 
 REQUEST_TIMEOUT_S: Final = 2.0
 STOP_TIMEOUT_S: Final = 10.0
@@ -147,13 +151,23 @@ class Cluster:
     layout: ClusterLayout
     net: Net
     nodes: dict[int, NodeProcess] = field(default_factory=dict)
+    # ``--secure``: the librdkafka properties every client adds (SASL_SSL, SCRAM-SHA-512,
+    # the local CA) and the same for the project's own client; empty and PLAINTEXT otherwise.
+    client_config: dict[str, str] = field(default_factory=dict)
+    security: Security = PLAINTEXT
 
     @classmethod
     def create(cls, directory: Path, size: int, net: Net,
-               extra_properties: Mapping[str, str] | None = None) -> Cluster:
+               extra_properties: Mapping[str, str] | None = None,
+               secure: bool = False) -> Cluster:
+        """``secure``: every node's one Kafka listener is SASL_SSL, between nodes too (TLS
+        with a local CA, SCRAM), as ``raftlog cluster up --secure`` makes it, with each
+        node's certificate naming its namespace address."""
         layout = prepare(directory, size, 0)
         cluster = cls(directory, layout, net)
         hosts = {i: net.host(i) for i in layout.node_ids}
+        if secure:
+            cluster._make_secure(hosts)
         voters = ",".join(f"{i}@{hosts[i]}:{layout.controller_ports[i - 1]}"
                           for i in layout.node_ids)
         metrics_ports = layout.metrics_ports  # free ports, picked by prepare()
@@ -165,12 +179,25 @@ class Cluster:
             props["advertised.listeners"] = f"PLAINTEXT://{hosts[i]}:{kafka}"
             props["controller.quorum.voters"] = voters
             props["metrics.listener"] = f"http://{hosts[i]}:{metrics_ports[i - 1]}"
+            if secure:
+                props.update(secure_node_properties(directory, i, hosts[i], kafka, controller))
             props.update(extra_properties or {})
             (node_dir / "server.properties").write_text(
                 "".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")
             cluster.nodes[i] = NodeProcess(i, node_dir, hosts[i], kafka, net.exec_prefix(i),
                                            metrics_ports[i - 1])
         return cluster
+
+    def _make_secure(self, hosts: Mapping[int, str]) -> None:
+        bootstrap = ",".join(f"{hosts[i]}:{self.layout.kafka_ports[i - 1]}"
+                             for i in self.layout.node_ids)
+        path = make_secure_material(
+            self.directory, self.layout.node_ids, bootstrap,
+            [node_directory(self.directory, i) / "data" for i in self.layout.node_ids],
+            node_hosts=hosts)
+        properties = load_properties(str(path))
+        self.client_config = {k: v for k, v in properties.items() if k != "bootstrap.servers"}
+        self.security = security_of(parse_client_properties(properties, str(path)))
 
     @property
     def node_ids(self) -> list[int]:
@@ -201,7 +228,7 @@ class Cluster:
             try:
                 for node in self.nodes.values():
                     fetch(node.host, node.metrics_port, 2.0, path="/health/ready")
-                run_trio(probe(self.bootstrap, len(self.nodes)), 15.0)
+                run_trio(probe(self.bootstrap, len(self.nodes), self.security), 15.0)
                 return
             except Exception as exc:  # any failure: not ready yet
                 last = exc
@@ -223,7 +250,8 @@ class Cluster:
         """The node answering DescribeQuorum as the ready controller, if any."""
         for node in self._reachable():
             try:
-                partition = run_trio(_describe_quorum(node.address), REQUEST_TIMEOUT_S * 2)
+                partition = run_trio(_describe_quorum(node.address, self.security),
+                                     REQUEST_TIMEOUT_S * 2)
             except (KafkaClientError, trio.TooSlowError, OSError):
                 continue
             if partition.error_code == 0 and partition.leader_id >= 0:
@@ -234,7 +262,7 @@ class Cluster:
         """partition -> leader node id, as the first answering node sees it."""
         for node in self._reachable():
             try:
-                md = run_trio(_metadata(node.address, topic), REQUEST_TIMEOUT_S * 2)
+                md = run_trio(_metadata(node.address, topic, self.security), REQUEST_TIMEOUT_S * 2)
             except (KafkaClientError, trio.TooSlowError, OSError):
                 continue
             topics = [t for t in md.topics if t.name == topic and t.error_code == 0]
@@ -243,14 +271,16 @@ class Cluster:
         return {}
 
 
-async def _metadata(address: tuple[str, int], topic: str) -> Any:
-    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S) as conn:
+async def _metadata(address: tuple[str, int], topic: str, security: Security) -> Any:
+    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S,
+                                             security=security) as conn:
         body = {"topics": [{"name": topic}], "allow_auto_topic_creation": False}
         return await conn.request(METADATA, body, timeout_s=REQUEST_TIMEOUT_S)
 
 
-async def _describe_quorum(address: tuple[str, int]) -> Any:
-    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S) as conn:
+async def _describe_quorum(address: tuple[str, int], security: Security) -> Any:
+    async with await KafkaConnection.connect(*address, timeout_s=REQUEST_TIMEOUT_S,
+                                             security=security) as conn:
         response = await conn.request(DESCRIBE_QUORUM, describe_quorum_request(), version=1,
                                       timeout_s=REQUEST_TIMEOUT_S)
         return response.topics[0].partitions[0]

@@ -54,6 +54,7 @@ class TestOptions:
     seed: int = 0
     store: Path = Path("store")
     unsafe: bool = False
+    secure: bool = False  # SASL_SSL with SCRAM everywhere, between nodes too
     interval_s: float = 5.0
     netns: bool = True
     sub_via: str = "both"
@@ -168,12 +169,14 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             net.teardown()
             net = LoopbackNet(reason=f"namespace set-up failed: {exc}")
         extra = dict(UNSAFE_PROPERTIES) if opts.unsafe else {}
-        cluster = Cluster.create(directory / "cluster", opts.nodes, net, extra)
+        cluster = Cluster.create(directory / "cluster", opts.nodes, net, extra,
+                                 secure=opts.secure)
         cluster.start_all()
         cluster.wait_ready()
         view = ClusterView(cluster.bootstrap,
                            {i: n.address for i, n in cluster.nodes.items()},
-                           min(3, opts.nodes), opts.unsafe, run_id)
+                           min(3, opts.nodes), opts.unsafe, run_id,
+                           client_config=cluster.client_config, security=cluster.security)
         workload.setup(view)
         drive = _drive(opts, workload, view, cluster, net, directory)
         results = _finish(opts, workload, directory, net, drive, time.monotonic() - started)

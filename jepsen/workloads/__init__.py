@@ -8,11 +8,12 @@ which call a real Kafka client library and report an :class:`Outcome`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jepsen.history import History, Op, OpType
+from raftlog.client.connection import PLAINTEXT, Security
 
 
 @dataclass
@@ -45,6 +46,10 @@ class ClusterView:
     replication_factor: int
     unsafe: bool
     run_id: str
+    # A secured cluster (``--secure``): librdkafka properties every client adds, and the
+    # project client's TLS context and login.
+    client_config: Mapping[str, str] = field(default_factory=dict)
+    security: Security = PLAINTEXT
 
 
 class Client(Protocol):

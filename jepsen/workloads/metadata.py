@@ -84,7 +84,8 @@ class MetadataClient:
         address = self.controller or await self._find_controller()
         try:
             conn = await KafkaConnection.connect(*address, client_id="jepsen-metadata",
-                                                 timeout_s=CONNECT_TIMEOUT_S)
+                                                 timeout_s=CONNECT_TIMEOUT_S,
+                                                 security=self.view.security)
         except KafkaClientError as exc:
             raise _NotSent(str(exc)) from exc
         async with conn:
@@ -111,7 +112,8 @@ class MetadataClient:
         for address in addresses:
             try:
                 async with await KafkaConnection.connect(
-                        *address, timeout_s=CONNECT_TIMEOUT_S) as conn:
+                        *address, timeout_s=CONNECT_TIMEOUT_S,
+                        security=self.view.security) as conn:
                     md = await conn.request(METADATA, {"topics": []}, timeout_s=CONNECT_TIMEOUT_S)
             except (KafkaClientError, trio.TooSlowError, OSError):
                 continue

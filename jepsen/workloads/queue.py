@@ -53,6 +53,7 @@ def partition_of(key: str) -> int:
 
 def producer_config(view: ClusterView, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     conf: dict[str, Any] = {
+        **view.client_config,
         "bootstrap.servers": view.bootstrap,
         "linger.ms": 0,
         "message.timeout.ms": int(SEND_TIMEOUT_S * 1000),
@@ -74,6 +75,7 @@ def producer_config(view: ClusterView, extra: dict[str, Any] | None = None) -> d
 def consumer_config(view: ClusterView, group: str, extra: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
     conf: dict[str, Any] = {
+        **view.client_config,
         "bootstrap.servers": view.bootstrap,
         "group.id": group,
         "auto.offset.reset": "earliest",
@@ -96,7 +98,8 @@ def create_topic(view: ClusterView, topic: str, partitions: int) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": view.bootstrap, "log_level": 2})
+    admin = AdminClient({**view.client_config, "bootstrap.servers": view.bootstrap,
+                         "log_level": 2})
     config = {"min.insync.replicas": "1" if view.unsafe else str(min(2, view.replication_factor))}
     if view.unsafe:
         config.update({"unclean.leader.election.enable": "true", "flush.messages": "1000000000"})

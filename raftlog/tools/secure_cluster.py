@@ -23,6 +23,7 @@ import datetime
 import ipaddress
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -56,7 +57,7 @@ def _name(common_name: str) -> x509.Name:
 
 def _certificate(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
                  issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool = False,
-                 server: bool = False) -> x509.Certificate:
+                 server: bool = False, host: str | None = None) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -71,11 +72,20 @@ def _certificate(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x5
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if server:  # a node's certificate: its listener's, and its client one towards its peers
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
-        builder = builder.add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
+        names: list[x509.GeneralName] = [
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        if host not in (None, "localhost", "127.0.0.1"):
+            names.append(_general_name(host))
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False).sign(
         issuer_key, hashes.SHA256())
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
 
 
 def _pem(cert: x509.Certificate) -> bytes:
@@ -94,9 +104,12 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
 
 
 def make_secure_material(data_dir: Path, node_ids: range, bootstrap: str,
-                         metadata_dirs: list[Path]) -> Path:
+                         metadata_dirs: list[Path],
+                         node_hosts: Mapping[int, str] | None = None) -> Path:
     """Writes the CA, the certificates, the admin user's bootstrap and ``client.properties``
-    (returned); a directory that has them already is left as it is."""
+    (returned); a directory that has them already is left as it is. Node certificates name
+    localhost and 127.0.0.1, and each node's address in ``node_hosts`` (other machines, or
+    network namespaces), so host-name verification passes wherever the node listens."""
     directory = secure_directory(data_dir)
     properties = directory / CLIENT_PROPERTIES
     if properties.exists():
@@ -108,7 +121,8 @@ def make_secure_material(data_dir: Path, node_ids: range, bootstrap: str,
     _write(directory / "ca-key.pem", _pem_key(ca_key), private=True)
     for node_id in node_ids:
         key = _key()
-        cert = _certificate(_name(f"node-{node_id}"), key, ca_name, ca_key, server=True)
+        cert = _certificate(_name(f"node-{node_id}"), key, ca_name, ca_key, server=True,
+                            host=(node_hosts or {}).get(node_id))
         _write(directory / f"node-{node_id}.pem", _pem_key(key) + _pem(cert) + _pem(ca),
                private=True)
     client_key = _key()
