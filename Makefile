@@ -58,5 +58,9 @@ bench: $(STAMP) apt-bench
 bench-metrics: $(STAMP)
 	$(PY) bench/metrics_scrape.py
 
+# What security costs: SASL_SSL (TLS + SCRAM-SHA-512) vs PLAINTEXT on one node, same run.
+bench-security: $(STAMP)
+	$(PY) bench/security.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
