@@ -17,6 +17,7 @@ A benchmark, not a test: the exit status is 0 whatever the figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -156,12 +157,16 @@ def latency(config: dict[str, Any], topic: str, rate: float, seconds: float,
         while (now := time.perf_counter()) < due:
             producer.poll(min(due - now, 0.001))
         producer.produce(topic, payload,
-                         on_delivery=lambda e, m, sent=time.perf_counter(): delivered(e, m, sent))
+                         on_delivery=functools.partial(_report, delivered, time.perf_counter()))
         producer.poll(0)
     if producer.flush(60) or errors:
         raise RuntimeError(f"latency phase: {len(errors)} errors (first: "
                            f"{errors[0] if errors else '-'})")
     return latencies
+
+
+def _report(delivered: Any, sent: float, error: Any, message: Any) -> None:
+    delivered(error, message, sent)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
