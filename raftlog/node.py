@@ -227,11 +227,12 @@ class Node:
         self.groups = groups
         txn_apis = TxnApis(txn_service, gate)
         producer_apis = ProducerApis(producer_ids, transactional_init=txn_apis.init_producer_id)
+        sasl_apis = SaslApis(credentials, build_authenticators(
+            config.sasl, credentials, lambda: quorum.image))
         handlers = _merge_handlers(
             apis.handlers(), producer_apis.handlers(), controller_rpcs.handlers(),
             controller_apis.handlers(),
-            groups.handlers, txn_apis.handlers(), SaslApis(credentials, build_authenticators(
-                config.sasl, credentials, lambda: quorum.image)).handlers(),
+            groups.handlers, txn_apis.handlers(), sasl_apis.handlers(),
         )
         channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
@@ -239,7 +240,8 @@ class Node:
             config=config, quorum=quorum, manager=self.manager, cleaner=self.cleaner,
             replicas=replicas, apis=apis, controller=controller if config.is_controller else None,
             groups=groups if is_broker else None, txn=txn_service if is_broker else None,
-            ready=lambda: not not_ready_reasons(quorum, lifecycle, config))
+            ready=lambda: not not_ready_reasons(quorum, lifecycle, config),
+            sasl=sasl_apis, refusals=refusals)
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()
         limits = ListenerLimits(

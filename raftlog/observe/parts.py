@@ -13,6 +13,8 @@ from raftlog.partition.cleaner_service import LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.quorum.interface import Quorum
 from raftlog.replication.manager import ReplicaManager
+from raftlog.server.authz import Refusals
+from raftlog.server.sasl import SaslApis
 from raftlog.txn.coordinator_service import TxnCoordinatorService
 
 
@@ -43,3 +45,6 @@ class NodeParts:
     txn: TxnCoordinatorService | None
     # Whether this node is registered, caught up with the metadata and unfenced (readiness).
     ready: Callable[[], bool]
+    # Authentication and authorization outcomes (None on a node built without them).
+    sasl: SaslApis | None = None
+    refusals: Refusals | None = None

@@ -5,7 +5,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from raftlog.config import ServerConfig
-from raftlog.observe import cluster, groups, quorum, replication, requests, runtime, storage, txn
+from raftlog.observe import (
+    cluster,
+    groups,
+    quorum,
+    replication,
+    requests,
+    runtime,
+    security,
+    storage,
+    txn,
+)
 from raftlog.observe.parts import MetricsSettings, NodeParts
 from raftlog.server.request_stats import RequestStats
 
@@ -33,6 +43,7 @@ def build_registry(
         quorum.QuorumCollector(parts),
         groups.GroupCollector(parts, settings),
         txn.TxnCollector(parts),
+        security.SecurityCollector(parts),
         runtime.RuntimeCollector(loop, parts),
     ):
         registry.register(collector)

@@ -20,6 +20,7 @@ import trio
 
 from raftlog.config.sasl import SaslSettings
 from raftlog.metadata.image import MetadataImage
+from raftlog.metrics.recorders import CounterMap
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import (
     ALLOCATE_PRODUCER_IDS,
@@ -61,6 +62,8 @@ class SaslApis:
                  authenticator: Callable[[Session], SaslAuthenticator] | None = None) -> None:
         self._credentials = credentials
         self._authenticator = authenticator
+        # (listener, "successful" | "failed") -> completed exchanges, for the metrics.
+        self.authentications = CounterMap()
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -83,12 +86,17 @@ class SaslApis:
             return {"error_code": int(ErrorCode.ILLEGAL_SASL_STATE), "mechanisms": mechanisms}
         error = ctx.session.handshake(ctx.body.mechanism, server)
         if error:
+            self.authentications.inc((ctx.session.listener, "failed"))
             log.warning("SaslHandshake from %s refused (%s, mechanism %r; enabled %s)",
                         ctx.peer, ErrorCode(error).name, ctx.body.mechanism, mechanisms)
         return {"error_code": error, "mechanisms": mechanisms}
 
     def authenticate(self, ctx: RequestContext) -> HandlerResult:
         error, auth_bytes, message = ctx.session.authenticate(bytes(ctx.body.auth_bytes))
+        if error:
+            self.authentications.inc((ctx.session.listener, "failed"))
+        elif ctx.session.authenticated:
+            self.authentications.inc((ctx.session.listener, "successful"))
         lifetime = 0
         if not error and ctx.session.authenticated and self._authenticator is not None:
             lifetime = self._authenticator(ctx.session).reauth_ms

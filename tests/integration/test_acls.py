@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import BROKER_SECRET, BrokerProcess
+from tests.integration.conftest import BROKER_SECRET, BrokerProcess, free_port
+from tests.integration.metrics_http import metrics_property, sample_value, scrape
 
 PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 USERS = {"admin": "admin-pw", "alice": "alice-pw", "bob": "bob-pw", "dave": "dave-pw"}
@@ -29,7 +30,9 @@ STANDARD = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     workdir = tmp_path_factory.mktemp("acls")
     process = BrokerProcess(workdir)
+    process.metrics_port = free_port()  # type: ignore[attr-defined]
     process.extra_properties = {
+        **metrics_property("127.0.0.1", process.metrics_port),  # type: ignore[attr-defined]
         "listeners": f"SASL_PLAINTEXT://127.0.0.1:{process.port},"
                      f"CONTROLLER://127.0.0.1:{process.controller_port}",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
@@ -293,3 +296,43 @@ def test_kafka_python_denied_produce(node: BrokerProcess) -> None:
     finally:
         allowed.close()
     assert "refused Produce from 127.0.0.1:" in node.log_path.read_text()
+
+
+def _counter(node: BrokerProcess, name: str, **labels: str) -> float:
+    families = scrape("127.0.0.1", node.metrics_port)  # type: ignore[attr-defined]
+    return sample_value(families, name, **labels) or 0.0
+
+
+def test_authentication_and_authorization_outcomes_are_counted(node: BrokerProcess) -> None:
+    """The security families: a wrong password counts as a failed authentication on its
+    listener, a login as a successful one, and an ACL refusal under its request."""
+    from confluent_kafka import Producer
+
+    listener = {"listener": "SASL_PLAINTEXT"}
+    failed = _counter(node, "kafka_server_socketservermetrics_failed_authentication_total",
+                      **listener)
+    ok = _counter(node, "kafka_server_socketservermetrics_successful_authentication_total",
+                  **listener)
+    denied = _denied(node)
+    errors: list[str] = []
+    producer = Producer({"bootstrap.servers": node.bootstrap, **_auth("alice"),
+                         "sasl.password": "not-alices-password",
+                         "error_cb": lambda err: errors.append(err.name())})
+    producer.poll(5)
+    assert errors, "a wrong password raised no error"
+    topic = _name("denied")
+    _create_topic(node, topic)
+    assert _produce(node, "dave", topic) == "TOPIC_AUTHORIZATION_FAILED"
+    assert _counter(node, "kafka_server_socketservermetrics_failed_authentication_total",
+                    **listener) > failed
+    assert _counter(node, "kafka_server_socketservermetrics_successful_authentication_total",
+                    **listener) > ok
+    # librdkafka learns of the refusal from Metadata (the topic it asked for), before any
+    # Produce: the refusal is counted under the request that was refused.
+    assert _denied(node)["Metadata"] > denied.get("Metadata", 0), _denied(node)
+
+
+def _denied(node: BrokerProcess) -> dict[str, float]:
+    family = scrape("127.0.0.1", node.metrics_port).get(  # type: ignore[attr-defined]
+        "kafka_server_authorizermetrics_authorization_denied")
+    return {} if family is None else {s.labels["request"]: s.value for s in family.samples}

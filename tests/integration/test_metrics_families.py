@@ -33,7 +33,11 @@ READY_TIMEOUT_S = 60.0
 # Labelled families that have no sample on a healthy single node: no followers to lag (the
 # per-replica families), no quorum failures.
 NO_SAMPLES_ALLOWED = {"raftlog_replica_lag_messages", "raftlog_replica_lag_seconds",
-                      "raftlog_quorum_errors"}
+                      "raftlog_quorum_errors",
+                      # No SASL listener and no authorizer here: test_acls.py checks these.
+                      "kafka_server_socketservermetrics_successful_authentication",
+                      "kafka_server_socketservermetrics_failed_authentication",
+                      "kafka_server_authorizermetrics_authorization_denied"}
 
 
 @pytest.fixture
