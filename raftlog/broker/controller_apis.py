@@ -21,6 +21,8 @@ AllocateProducerIds) and DescribeQuorum are served by :mod:`raftlog.controller.r
 * DescribeUserScramCredentials (50) is answered from this node's image; AlterUserScramCredentials
   (51) is decided by the controller and forwarded like AlterConfigs
   (:mod:`raftlog.broker.scram_apis`).
+* DescribeClientQuotas (48) is answered from this node's image; AlterClientQuotas (49) is
+  decided by the controller and forwarded like AlterConfigs (:mod:`raftlog.broker.quota_apis`).
 * Metadata (3): on a node that is not the controller, topic auto-creation is forwarded to the
   controller as a CreateTopics request in an Envelope (as Kafka brokers forward it), then
   answered locally.
@@ -40,6 +42,8 @@ from typing import Any, Final, Protocol
 import trio
 
 from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX
+from raftlog.broker.quota_apis import ClientQuotaApis
+from raftlog.broker.quota_apis import refused_body as quota_refused_body
 from raftlog.broker.scram_apis import ScramCredentialApis, refused_body
 from raftlog.config import ServerConfig
 from raftlog.controller.core import CONFIG_OP_SET, ConfigAlteration, ConfigOp
@@ -58,6 +62,7 @@ from raftlog.protocol.schemas import (
     INCREMENTAL_ALTER_CONFIGS,
     METADATA,
 )
+from raftlog.protocol.schemas_quota import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS
 from raftlog.protocol.schemas_security import (
     ALTER_USER_SCRAM_CREDENTIALS,
     DESCRIBE_USER_SCRAM_CREDENTIALS,
@@ -109,6 +114,7 @@ class ControllerApis:
         self.apis = apis
         self.forward = forward
         self.scram = ScramCredentialApis(quorum, controller)
+        self.quotas = ClientQuotaApis(quorum, controller)
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -121,6 +127,8 @@ class ControllerApis:
             ENVELOPE.key: self.envelope,
             DESCRIBE_USER_SCRAM_CREDENTIALS.key: self.scram.describe,
             ALTER_USER_SCRAM_CREDENTIALS.key: self.alter_user_scram_credentials,
+            DESCRIBE_CLIENT_QUOTAS.key: self.quotas.describe,
+            ALTER_CLIENT_QUOTAS.key: self.alter_client_quotas,
         }
         return dict(table)
 
@@ -136,6 +144,7 @@ class ControllerApis:
                 ctx, incremental=True, forwarded=True),
             ALTER_USER_SCRAM_CREDENTIALS.key: lambda ctx: self.alter_user_scram_credentials(
                 ctx, forwarded=True),
+            ALTER_CLIENT_QUOTAS.key: lambda ctx: self.alter_client_quotas(ctx, forwarded=True),
         }
 
     # -- Envelope (KIP-590) --------------------------------------------------------------------
@@ -338,6 +347,19 @@ class ControllerApis:
         return self._forward_or_refuse(
             ctx, lambda inner: any(r.error_code == errors.NOT_CONTROLLER for r in inner.results),
             lambda code, message: refused_body(request, code, message))
+
+    # -- AlterClientQuotas -------------------------------------------------------------------
+
+    def alter_client_quotas(self, ctx: RequestContext, forwarded: bool = False
+                            ) -> HandlerResult:
+        if self.quorum.controller_ready:
+            return self.quotas.alter(ctx)
+        if self.forward is None or forwarded:
+            return quota_refused_body(ctx.body, errors.NOT_CONTROLLER, NOT_CONTROLLER_MESSAGE)
+        request = ctx.body
+        return self._forward_or_refuse(
+            ctx, lambda inner: any(e.error_code == errors.NOT_CONTROLLER for e in inner.entries),
+            lambda code, message: quota_refused_body(request, code, message))
 
     # -- Metadata: forward auto-creation to the controller ---------------------------------
 

@@ -22,9 +22,10 @@ NO_LEADER: Final = -1
 # Offset of an image to which nothing has been applied yet.
 EMPTY_VERSION: Final = -1
 # Snapshot layout version, bumped whenever an image dataclass changes shape.
-IMAGE_FORMAT_VERSION: Final = 2
-# Format 1 had no ``scram_users``; it reads as an image without SCRAM users.
-_IMAGE_FORMATS_READ: Final = (1, 2)
+IMAGE_FORMAT_VERSION: Final = 4
+# Format 1 had no ``scram_users``; it reads as an image without SCRAM users. Formats before 4
+# had no ``client_quotas``; they read as an image without quotas. (Format 3 is the ACL work's.)
+_IMAGE_FORMATS_READ: Final = (1, 2, 3, 4)
 _IMAGE_KIND: Final = "raftlog.metadata.image"
 
 K = TypeVar("K")
@@ -99,6 +100,20 @@ class ScramCredentialImage:
     iterations: int
 
 
+# A client quota entity: (entity type, name) pairs sorted by type, the types "client-id" and
+# "user" (Kafka's ClientQuotaEntity); a name of None is the type's default (``<default>``).
+QuotaEntity = tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaImage:
+    """The quota values (``producer_byte_rate``, ``consumer_byte_rate``,
+    ``request_percentage``) set for one entity; never empty."""
+
+    entity: QuotaEntity
+    values: Mapping[str, float]
+
+
 @dataclass(frozen=True, slots=True)
 class MetadataImage:
     """All cluster metadata as of log offset ``version``.
@@ -111,6 +126,8 @@ class MetadataImage:
         next_producer_id: First producer id not yet handed out in a ProducerIdBlock.
         scram_users: SCRAM credentials by user name, then by mechanism.
         scram_version: Offset of the last record that changed ``scram_users``, -1 if none.
+        client_quotas: Client quota entities with their values, sorted by
+            :func:`quota_entity_order`.
     """
 
     version: int = EMPTY_VERSION
@@ -126,6 +143,7 @@ class MetadataImage:
         default_factory=frozen_mapping)
     # Offset of the last SCRAM change (-1: none ever; bootstrap users apply only then).
     scram_version: int = EMPTY_VERSION
+    client_quotas: tuple[ClientQuotaImage, ...] = ()
 
     def topic(self, name: str) -> TopicImage | None:
         """The topic called ``name``, or None."""
@@ -172,9 +190,11 @@ def image_from_bytes(data: bytes) -> MetadataImage:
 
 def image_from_plain(plain: object, image_format: object, path: str) -> MetadataImage:
     """Decode an image written in ``image_format`` (an older format is read as the current
-    one: format 1 had no SCRAM users)."""
+    one: format 1 had no SCRAM users, formats before 4 no client quotas)."""
     if image_format == 1 and isinstance(plain, dict) and "scram_users" not in plain:
         plain = {**plain, "scram_users": {}, "scram_version": EMPTY_VERSION}
+    if image_format in (1, 2, 3) and isinstance(plain, dict) and "client_quotas" not in plain:
+        plain = {**plain, "client_quotas": []}
     image: MetadataImage = _codec.from_plain(MetadataImage, plain, path)
     return image
 
@@ -201,6 +221,15 @@ def check_image(image: MetadataImage) -> None:
     for user, credentials in image.scram_users.items():
         assert user and credentials
         assert all(c.mechanism == m for m, c in credentials.items())
+    entities = [quota.entity for quota in image.client_quotas]
+    assert entities == sorted(entities, key=quota_entity_order)
+    assert len(set(entities)) == len(entities)
+    assert all(quota.values for quota in image.client_quotas)
+
+
+def quota_entity_order(entity: QuotaEntity) -> tuple[tuple[str, bool, str], ...]:
+    """A total order on quota entities (a default name sorts before every specific one)."""
+    return tuple((kind, name is not None, name or "") for kind, name in entity)
 
 
 def _check_partition(index: int, partition: PartitionImage) -> None:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 from raftlog.metadata import _codec
 from raftlog.metadata._codec import CodecError
-from raftlog.metadata.image import ScramCredentialImage
+from raftlog.metadata.image import QuotaEntity, ScramCredentialImage
 
 
 class RecordFormatError(CodecError):
@@ -166,6 +166,20 @@ class BootstrapScramUsers:
     users: tuple[AlterUserScram, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AlterClientQuota:
+    """Set and remove client quota values of one entity (Kafka's ``ClientQuotaRecord``): the
+    entity is (type, name) pairs, sorted by type, for ``user`` and/or ``client-id``, a name of
+    None being the type's default (Kafka's ``<default>``); ``set`` gives key and value,
+    ``remove`` the keys to drop. Tags 13 and 14 belong to the ACL records."""
+
+    TAG: ClassVar[int] = 15
+    VERSION: ClassVar[int] = 0
+    entity: QuotaEntity
+    set: tuple[tuple[str, float], ...]
+    remove: tuple[str, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -179,6 +193,7 @@ Record: TypeAlias = (
     | BecomeController
     | AlterUserScram
     | BootstrapScramUsers
+    | AlterClientQuota
 )
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
@@ -194,6 +209,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     BecomeController,
     AlterUserScram,
     BootstrapScramUsers,
+    AlterClientQuota,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

@@ -48,7 +48,9 @@ from raftlog.metadata.image import (
     image_from_plain,
     image_to_bytes,
 )
+from raftlog.metadata.quota_apply import alter_client_quota
 from raftlog.metadata.records import (
+    AlterClientQuota,
     AlterConfigs,
     AlterUserScram,
     BecomeController,
@@ -92,7 +94,9 @@ __all__ = [
 
 REQUEST_WINDOW_MAX: Final = 10_000
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
-_SNAPSHOT_FORMAT_VERSION: Final = 2  # 1: images without SCRAM users
+# 1: images without SCRAM users; before 4: without client quotas (3 is the ACL work's).
+_SNAPSHOT_FORMAT_VERSION: Final = 4
+_SNAPSHOT_FORMATS_READ: Final = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,8 @@ def _apply_record(
             return alter_user_scram(image, record, offset)
         case BootstrapScramUsers():
             return bootstrap_scram_users(image, record, offset)
+        case AlterClientQuota():
+            return alter_client_quota(image, record)
         case _:
             assert_never(record)
 
@@ -232,7 +238,8 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
         case AlterConfigs():
             resource = image.broker_configs.get(record.resource_name)
             return -1 if resource is None else resource.version
-        case ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers():
+        case (ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers()
+              | AlterClientQuota()):
             return -1
         case _:
             assert_never(record)
@@ -309,13 +316,13 @@ class MetadataStateMachine:
         """
         plain = _codec.loads(data)
         header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
-        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2):
+        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in _SNAPSHOT_FORMATS_READ:
             raise CodecError(f"not a metadata state snapshot of a supported format: {header}")
         assert isinstance(plain, dict)
         state_plain = plain.get("state")
         if not isinstance(state_plain, dict) or set(state_plain) != {"image", "requests"}:
             raise CodecError("state: expected a map of image and requests")
-        # A format-1 snapshot holds a format-1 image (no SCRAM users).
+        # A snapshot holds an image of its own format (1: no SCRAM users, <4: no quotas).
         image = image_from_plain(state_plain["image"], header[1], "state.image")
         requests = _codec.from_plain(tuple[tuple[str, ApplyResult], ...],
                                      state_plain["requests"], "state.requests")
