@@ -13,6 +13,7 @@ from raftlog.partition.cleaner_service import LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.quorum.interface import Quorum
 from raftlog.replication.manager import ReplicaManager
+from raftlog.server.quotas import QuotaEnforcer
 from raftlog.txn.coordinator_service import TxnCoordinatorService
 
 
@@ -43,3 +44,4 @@ class NodeParts:
     txn: TxnCoordinatorService | None
     # Whether this node is registered, caught up with the metadata and unfenced (readiness).
     ready: Callable[[], bool]
+    quotas: QuotaEnforcer | None = None  # client quota throttling (raftlog.server.quotas)

@@ -5,7 +5,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from raftlog.config import ServerConfig
-from raftlog.observe import cluster, groups, quorum, replication, requests, runtime, storage, txn
+from raftlog.observe import (
+    cluster,
+    groups,
+    quorum,
+    quotas,
+    replication,
+    requests,
+    runtime,
+    storage,
+    txn,
+)
 from raftlog.observe.parts import MetricsSettings, NodeParts
 from raftlog.server.request_stats import RequestStats
 
@@ -34,6 +44,7 @@ def build_registry(
         groups.GroupCollector(parts, settings),
         txn.TxnCollector(parts),
         runtime.RuntimeCollector(loop, parts),
+        quotas.QuotaCollector(parts),
     ):
         registry.register(collector)
     runtime.register_process_collector(registry)
