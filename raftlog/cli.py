@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     from raftlog.tools import users as users_cli
 
     users_cli.add_parser(commands)
+    from raftlog.tools import quotas as quotas_cli
+
+    quotas_cli.add_parser(commands)
     from raftlog.tools import storage_format
 
     storage_format.add_parser(commands)
@@ -194,6 +197,10 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.tools import users as users_cli
 
         return users_cli.run(args)
+    if args.command == "quotas":
+        from raftlog.tools import quotas as quotas_cli
+
+        return quotas_cli.run(args)
     if args.command == "top":
         from raftlog.tools import top
 
