@@ -241,6 +241,8 @@ async def _next_request(
             await quota.wait_unmuted()
         read = _now()
         slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease, read)
+        if quota is not None:
+            quota.dispatched(slot)
     except BaseException:
         frame.lease.release()
         raise

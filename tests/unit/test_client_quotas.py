@@ -198,46 +198,59 @@ def _enforcer(quotas: dict[Any, dict[str, float]], now: list[float]) -> QuotaEnf
     return QuotaEnforcer(lambda: image, clock=lambda: now[0])
 
 
+async def _handled(connection: Any, slot: _Slot) -> None:
+    """What the listener does: the reader after the handler, the writer once it is ready."""
+    connection.dispatched(slot)
+    await connection.account(slot)
+
+
 def test_produce_over_quota_gets_throttle_time_and_the_connection_is_muted() -> None:
     async def main() -> None:
         now = [0.0]
         enforcer = _enforcer({(("client-id", "app"),): {P: 100.0}}, now)
         connection = enforcer.connection(Session("peer"))
         body = {"throttle_time_ms": 0, "responses": []}
-        await connection.account(_Slot("Produce", 9, body, size=1000))
+        await _handled(connection, _Slot("Produce", 9, body, size=1000))
         assert body["throttle_time_ms"] == 0
         body = {"throttle_time_ms": 0, "responses": []}
-        await connection.account(_Slot("Produce", 9, body, size=2000))
-        assert body["throttle_time_ms"] == 20_000  # sent at once: the client backs off
+        throttled = _Slot("Produce", 9, body, size=2000)
+        connection.dispatched(throttled)
         start = trio.current_time()
-        await connection.wait_unmuted()  # not muted until the response is sent
-        assert trio.current_time() == start
-        connection.sent()
-        await connection.wait_unmuted()
-        assert trio.current_time() - start == pytest.approx(20.0)
+        async with trio.open_nursery() as nursery:
+            # The next request waits for the throttled one's response, then for its throttle.
+            nursery.start_soon(connection.wait_unmuted)
+            await trio.sleep(5)
+            await connection.account(throttled)
+            assert body["throttle_time_ms"] == 20_000  # sent at once: the client backs off
+            connection.sent()
+        assert trio.current_time() - start == pytest.approx(25.0)
         assert enforcer.stats.throttle_ms[P].count == 1
         # Another client id has no quota; a cluster member is never throttled.
         other = {"throttle_time_ms": 0}
-        await connection.account(_Slot("Produce", 9, other, size=10**6, client_id="x"))
+        await _handled(connection, _Slot("Produce", 9, other, size=10**6, client_id="x"))
         admin = Session("peer", principal=KafkaPrincipal("User", "__raftlog-admin"),
                         sasl_state=SaslState.AUTHENTICATED)
         member = {"throttle_time_ms": 0}
-        await enforcer.connection(admin).account(_Slot("Produce", 9, member, size=10**6))
+        await _handled(enforcer.connection(admin), _Slot("Produce", 9, member, size=10**6))
         assert other["throttle_time_ms"] == member["throttle_time_ms"] == 0
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_old_produce_versions_get_the_response_late() -> None:
+def test_old_produce_versions_get_the_response_late_and_acks_0_mutes() -> None:
     async def main() -> None:
         now = [0.0]
         enforcer = _enforcer({(("client-id", None),): {P: 100.0}}, now)
         connection = enforcer.connection(Session("peer"))
         start = trio.current_time()
         body = {"throttle_time_ms": 0}
-        await connection.account(_Slot("Produce", 5, body, size=3000))  # before KIP-219
+        await _handled(connection, _Slot("Produce", 5, body, size=3000))  # before KIP-219
         assert trio.current_time() - start == pytest.approx(20.0)
         assert body["throttle_time_ms"] == 20_000
+        # acks=0: no response, the connection is muted all the same.
+        await _handled(connection, _Slot("Produce", 9, None, size=3000, respond=False))
+        await connection.wait_unmuted()
+        assert trio.current_time() - start > 40.0
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -250,15 +263,15 @@ def test_consumer_fetch_bytes_and_request_time_are_recorded() -> None:
         body = {"throttle_time_ms": 0, "responses": [
             {"partitions": [{"records": b"x" * 3000}, {"records": None}]}]}
         assert fetched_bytes(body) == 3000
-        await connection.account(_Slot("FetchConsumer", 12, body))
+        await _handled(connection, _Slot("FetchConsumer", 12, body))
         assert body["throttle_time_ms"] == 20_000
         # A follower's fetch is not a consumer's: only its handler time counts.
         follower = {"throttle_time_ms": 0, "responses": body["responses"]}
-        await connection.account(_Slot("FetchFollower", 12, follower))
+        await _handled(connection, _Slot("FetchFollower", 12, follower))
         assert follower["throttle_time_ms"] == 0
         # 0.5 s of handler time is 50% of a thread over the 10 s window: 5%/s on a 1% quota.
         slow = {"throttle_time_ms": 0}
-        await connection.account(_Slot("Metadata", 12, slow, start=0, local=500_000_000))
+        await _handled(connection, _Slot("Metadata", 12, slow, start=0, local=500_000_000))
         assert slow["throttle_time_ms"] == 1000  # at most one window
         assert enforcer.stats.throttle_ms[R].count == 1
 
