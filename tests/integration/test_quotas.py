@@ -205,7 +205,9 @@ def test_consumer_over_its_quota_is_throttled_and_misses_nothing(node: BrokerPro
 
     topic, consumer_id = _name("quota-fetch"), _name("slow")
     create_topic(node.bootstrap, topic)
-    filler = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5})
+    # Small batches: a fetch returns at least one whole batch, whatever its max bytes.
+    filler = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5,
+                       "batch.size": 16384})
     count = 3000
     for seq in range(count):
         filler.produce(topic, value=f"{seq:010d}".encode().ljust(RECORD_BYTES, b"x"))
