@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     from raftlog.tools import acls as acls_cli
 
     acls_cli.add_parser(commands)
+    from raftlog.tools import quotas as quotas_cli
+
+    quotas_cli.add_parser(commands)
     from raftlog.tools import storage_format
 
     storage_format.add_parser(commands)
@@ -212,6 +215,10 @@ def _run(args: argparse.Namespace) -> int:
         from raftlog.tools import acls as acls_cli
 
         return acls_cli.run(args)
+    if args.command == "quotas":
+        from raftlog.tools import quotas as quotas_cli
+
+        return quotas_cli.run(args)
     if args.command == "top":
         from raftlog.tools import top
 

@@ -78,6 +78,8 @@ from raftlog.server.listener import (
     api_versions_body,
     serve_listener,
 )
+from raftlog.server.quota_core import ClientQuotaCore
+from raftlog.server.quotas import QuotaEnforcer
 from raftlog.server.request_memory import RequestMemory
 from raftlog.server.request_stats import RequestStats
 from raftlog.server.sasl import (
@@ -131,6 +133,7 @@ class Node:
         self._peer_tls = None if inter_broker is None else node_client_context(inter_broker)
         self.metrics_port: int | None = None  # the bound metrics.listener port, when set
         self.request_stats = RequestStats()  # what the Kafka listener records (metrics)
+        self.quotas: QuotaEnforcer | None = None  # client quotas (raftlog.server.quotas)
         self.quorum: Quorum | None = None
         self.controller: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None
@@ -229,6 +232,8 @@ class Node:
         producer_apis = ProducerApis(producer_ids, transactional_init=txn_apis.init_producer_id)
         sasl_apis = SaslApis(credentials, build_authenticators(
             config.sasl, credentials, lambda: quorum.image))
+        self.quotas = QuotaEnforcer(lambda: quorum.image, ClientQuotaCore(
+            config.quota_window_num, config.quota_window_size_seconds))
         handlers = _merge_handlers(
             apis.handlers(), producer_apis.handlers(), controller_rpcs.handlers(),
             controller_apis.handlers(),
@@ -241,7 +246,7 @@ class Node:
             replicas=replicas, apis=apis, controller=controller if config.is_controller else None,
             groups=groups if is_broker else None, txn=txn_service if is_broker else None,
             ready=lambda: not not_ready_reasons(quorum, lifecycle, config),
-            sasl=sasl_apis, refusals=refusals)
+            sasl=sasl_apis, refusals=refusals, quotas=self.quotas)
         self.manager.purge_leftover_deletions()
         apis.sync_partitions()
         limits = ListenerLimits(
@@ -304,7 +309,8 @@ class Node:
             self.listener_ports[name] = await nursery.start(functools.partial(
                 serve_listener, listener.host, listener.port, served, limits,
                 self.request_stats, listener=listener.name, tls=self._tls.get(listener.name),
-                memory=memory, sasl_required=name in config.sasl.sasl_listeners))
+                memory=memory, sasl_required=name in config.sasl.sasl_listeners,
+                quotas=self.quotas))
         if not self.listener_ports:
             raise ConfigError("listeners", "the node needs a Kafka listener besides the"
                               " controller's")

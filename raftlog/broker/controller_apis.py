@@ -21,6 +21,8 @@ AllocateProducerIds) and DescribeQuorum are served by :mod:`raftlog.controller.r
 * DescribeUserScramCredentials (50) is answered from this node's image; AlterUserScramCredentials
   (51) is decided by the controller and forwarded like AlterConfigs
   (:mod:`raftlog.broker.scram_apis`).
+* DescribeClientQuotas (48) is answered from this node's image; AlterClientQuotas (49) is
+  decided by the controller and forwarded like AlterConfigs (:mod:`raftlog.broker.quota_apis`).
 * Metadata (3): on a node that is not the controller, topic auto-creation is forwarded to the
   controller as a CreateTopics request in an Envelope (as Kafka brokers forward it), then
   answered locally.
@@ -41,6 +43,8 @@ import trio
 
 from raftlog.broker.acl_apis import AclApis, create_refused, delete_refused
 from raftlog.broker.apis import PARTITIONS_PER_REQUEST_MAX
+from raftlog.broker.quota_apis import ClientQuotaApis
+from raftlog.broker.quota_apis import refused_body as quota_refused_body
 from raftlog.broker.scram_apis import ScramCredentialApis, refused_body
 from raftlog.config import ServerConfig
 from raftlog.controller.core import CONFIG_OP_SET, ConfigAlteration, ConfigOp
@@ -59,6 +63,7 @@ from raftlog.protocol.schemas import (
     INCREMENTAL_ALTER_CONFIGS,
     METADATA,
 )
+from raftlog.protocol.schemas_quota import ALTER_CLIENT_QUOTAS, DESCRIBE_CLIENT_QUOTAS
 from raftlog.protocol.schemas_security import (
     ALTER_USER_SCRAM_CREDENTIALS,
     CREATE_ACLS,
@@ -114,6 +119,7 @@ class ControllerApis:
         self.forward = forward
         self.scram = ScramCredentialApis(quorum, controller)
         self.acls = AclApis(quorum, controller)
+        self.quotas = ClientQuotaApis(quorum, controller)
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -129,6 +135,8 @@ class ControllerApis:
             DESCRIBE_ACLS.key: self.acls.describe,
             CREATE_ACLS.key: self.create_acls,
             DELETE_ACLS.key: self.delete_acls,
+            DESCRIBE_CLIENT_QUOTAS.key: self.quotas.describe,
+            ALTER_CLIENT_QUOTAS.key: self.alter_client_quotas,
         }
         return dict(table)
 
@@ -146,6 +154,7 @@ class ControllerApis:
                 ctx, forwarded=True),
             CREATE_ACLS.key: lambda ctx: self.create_acls(ctx, forwarded=True),
             DELETE_ACLS.key: lambda ctx: self.delete_acls(ctx, forwarded=True),
+            ALTER_CLIENT_QUOTAS.key: lambda ctx: self.alter_client_quotas(ctx, forwarded=True),
         }
 
     # -- Envelope (KIP-590) --------------------------------------------------------------------
@@ -371,6 +380,19 @@ class ControllerApis:
             ctx, lambda inner: any(r.error_code == errors.NOT_CONTROLLER
                                    for r in inner.filter_results),
             lambda code, message: delete_refused(request, code, message))
+
+    # -- AlterClientQuotas -------------------------------------------------------------------
+
+    def alter_client_quotas(self, ctx: RequestContext, forwarded: bool = False
+                            ) -> HandlerResult:
+        if self.quorum.controller_ready:
+            return self.quotas.alter(ctx)
+        if self.forward is None or forwarded:
+            return quota_refused_body(ctx.body, errors.NOT_CONTROLLER, NOT_CONTROLLER_MESSAGE)
+        request = ctx.body
+        return self._forward_or_refuse(
+            ctx, lambda inner: any(e.error_code == errors.NOT_CONTROLLER for e in inner.entries),
+            lambda code, message: quota_refused_body(request, code, message))
 
     # -- Metadata: forward auto-creation to the controller ---------------------------------
 

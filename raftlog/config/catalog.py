@@ -94,6 +94,9 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     # send part of a big request grow the node's memory without limit. Any value <= 0 is
     # unbounded, as in Kafka.
     "queued.max.request.bytes": str(100 << 20),
+    # Client quotas (raftlog.server.quota_core): Kafka's sample windows of the rates.
+    "quota.window.num": "11",
+    "quota.window.size.seconds": "1",
     "group.initial.rebalance.delay.ms": "0",
     "group.min.session.timeout.ms": "6000",
     "group.max.session.timeout.ms": "1800000",

@@ -126,6 +126,8 @@ class ServerConfig:
     log_cleaner_min_compaction_lag_ms: int = 0
     log_retention_check_interval_ms: int = LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
     queued_max_request_bytes: int = 100 << 20
+    quota_window_num: int = 11  # quota.window.num
+    quota_window_size_seconds: int = 1  # quota.window.size.seconds
     # metrics.listener as (host, port), None when the metrics endpoint is off.
     metrics_listener: tuple[str, int] | None = None
     metrics_partition_detail_enable: bool = False
@@ -287,6 +289,9 @@ def _build(props: Properties) -> ServerConfig:
         # Kafka validates it with atLeast(1).
         log_retention_check_interval_ms=props.integer("log.retention.check.interval.ms", 1),
         queued_max_request_bytes=props.integer("queued.max.request.bytes"),
+        # Kafka: atLeast(1) both (a rate needs two samples: at least 2 windows here).
+        quota_window_num=props.integer("quota.window.num", 2, 1000),
+        quota_window_size_seconds=props.integer("quota.window.size.seconds", 1, 3600),
         metrics_listener=parse_metrics_listener(props.text("metrics.listener"), listeners),
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
         sasl=parse_sasl_settings(props.given, props.required("listener.security.protocol.map"),

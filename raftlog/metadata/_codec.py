@@ -2,7 +2,7 @@
 
 Records, images and snapshots all go through these two functions, so every byte the metadata layer
 reads back is checked against the same annotations it was written from. Supported annotations:
-``int``, ``bool``, ``str``, ``bytes``, ``None`` and unions of them, ``tuple[T, ...]``,
+``int``, ``bool``, ``float``, ``str``, ``bytes``, ``None`` and unions of them, ``tuple[T, ...]``,
 ``tuple[A, B]``, ``Mapping[K, V]`` (decoded as a read-only ``MappingProxyType``) and nested frozen
 dataclasses. Anything else is a programming error and fails loudly.
 """
@@ -58,7 +58,7 @@ def to_plain(value: object) -> object:
         return [to_plain(item) for item in value]
     if isinstance(value, Mapping):
         return {key: to_plain(item) for key, item in value.items()}
-    assert value is None or isinstance(value, int | str | bytes), type(value)
+    assert value is None or isinstance(value, int | float | str | bytes), type(value)
     return value
 
 
@@ -70,7 +70,7 @@ def from_plain(hint: Any, plain: object, path: str) -> Any:
     """
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass_from_plain(hint, plain, path)
-    if hint in (int, bool, str, bytes, type(None)):
+    if hint in (int, bool, float, str, bytes, type(None)):
         return _scalar_from_plain(hint, plain, path)
     origin = typing.get_origin(hint)
     if origin is types.UnionType or origin is typing.Union:

@@ -22,10 +22,11 @@ NO_LEADER: Final = -1
 # Offset of an image to which nothing has been applied yet.
 EMPTY_VERSION: Final = -1
 # Snapshot layout version, bumped whenever an image dataclass changes shape.
-IMAGE_FORMAT_VERSION: Final = 3
-# Format 1 had no ``scram_users`` (it reads as an image without SCRAM users); formats 1
-# and 2 had no ``acls`` (no ACLs) and no broker ``endpoints`` (each broker's one host:port).
-_IMAGE_FORMATS_READ: Final = (1, 2, 3)
+IMAGE_FORMAT_VERSION: Final = 4
+# Format 1 had no ``scram_users`` (it reads as an image without SCRAM users); formats 1 and 2
+# had no ``acls`` (no ACLs) and no broker ``endpoints`` (each broker's one host:port); formats
+# 1-3 had no ``client_quotas`` (no quotas).
+_IMAGE_FORMATS_READ: Final = (1, 2, 3, 4)
 _IMAGE_KIND: Final = "raftlog.metadata.image"
 
 K = TypeVar("K")
@@ -125,6 +126,20 @@ class ScramCredentialImage:
     iterations: int
 
 
+# A client quota entity: (entity type, name) pairs sorted by type, the types "client-id" and
+# "user" (Kafka's ClientQuotaEntity); a name of None is the type's default (``<default>``).
+QuotaEntity = tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuotaImage:
+    """The quota values (``producer_byte_rate``, ``consumer_byte_rate``,
+    ``request_percentage``) set for one entity; never empty."""
+
+    entity: QuotaEntity
+    values: Mapping[str, float]
+
+
 @dataclass(frozen=True, slots=True)
 class AclBindingImage:
     """One ACL binding (Kafka's ``AccessControlEntryRecord``), with Kafka's wire codes:
@@ -164,6 +179,8 @@ class MetadataImage:
         acls: ACL bindings by id.
         acl_version: Offset of the last record that changed ``acls``, -1 if none (the
             authorizer's cache key).
+        client_quotas: Client quota entities with their values, sorted by
+            :func:`quota_entity_order`.
     """
 
     version: int = EMPTY_VERSION
@@ -181,6 +198,7 @@ class MetadataImage:
     scram_version: int = EMPTY_VERSION
     acls: Mapping[str, AclBindingImage] = field(default_factory=frozen_mapping)
     acl_version: int = EMPTY_VERSION
+    client_quotas: tuple[ClientQuotaImage, ...] = ()
 
     def topic(self, name: str) -> TopicImage | None:
         """The topic called ``name``, or None."""
@@ -227,7 +245,8 @@ def image_from_bytes(data: bytes) -> MetadataImage:
 
 def image_from_plain(plain: object, image_format: object, path: str) -> MetadataImage:
     """Decode an image written in ``image_format`` (an older format is read as the current
-    one: format 1 had no SCRAM users, formats 1-2 no ACLs and no broker endpoints)."""
+    one: format 1 had no SCRAM users, formats 1-2 no ACLs and no broker endpoints,
+    formats 1-3 no client quotas)."""
     if image_format == 1 and isinstance(plain, dict) and "scram_users" not in plain:
         plain = {**plain, "scram_users": {}, "scram_version": EMPTY_VERSION}
     if image_format in (1, 2) and isinstance(plain, dict) and "acls" not in plain:
@@ -237,6 +256,8 @@ def image_from_plain(plain: object, image_format: object, path: str) -> Metadata
         plain = {**plain, "brokers": {
             node_id: ({**broker, "endpoints": []} if isinstance(broker, dict) else broker)
             for node_id, broker in plain["brokers"].items()}}
+    if image_format in (1, 2, 3) and isinstance(plain, dict) and "client_quotas" not in plain:
+        plain = {**plain, "client_quotas": []}
     image: MetadataImage = _codec.from_plain(MetadataImage, plain, path)
     return image
 
@@ -265,6 +286,15 @@ def check_image(image: MetadataImage) -> None:
         assert all(c.mechanism == m for m, c in credentials.items())
     assert EMPTY_VERSION <= image.acl_version <= image.version
     assert all(acl_id == acl.acl_id for acl_id, acl in image.acls.items())
+    entities = [quota.entity for quota in image.client_quotas]
+    assert entities == sorted(entities, key=quota_entity_order)
+    assert len(set(entities)) == len(entities)
+    assert all(quota.values for quota in image.client_quotas)
+
+
+def quota_entity_order(entity: QuotaEntity) -> tuple[tuple[str, bool, str], ...]:
+    """A total order on quota entities (a default name sorts before every specific one)."""
+    return tuple((kind, name is not None, name or "") for kind, name in entity)
 
 
 def _check_partition(index: int, partition: PartitionImage) -> None:

@@ -21,7 +21,12 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 from raftlog.metadata import _codec
 from raftlog.metadata._codec import CodecError
-from raftlog.metadata.image import AclBindingImage, BrokerEndpoint, ScramCredentialImage
+from raftlog.metadata.image import (
+    AclBindingImage,
+    BrokerEndpoint,
+    QuotaEntity,
+    ScramCredentialImage,
+)
 
 
 class RecordFormatError(CodecError):
@@ -189,6 +194,20 @@ class DeleteAcls:
     acl_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AlterClientQuota:
+    """Set and remove client quota values of one entity (Kafka's ``ClientQuotaRecord``): the
+    entity is (type, name) pairs, sorted by type, for ``user`` and/or ``client-id``, a name of
+    None being the type's default (Kafka's ``<default>``); ``set`` gives key and value,
+    ``remove`` the keys to drop. Tags 13 and 14 belong to the ACL records."""
+
+    TAG: ClassVar[int] = 15
+    VERSION: ClassVar[int] = 0
+    entity: QuotaEntity
+    set: tuple[tuple[str, float], ...]
+    remove: tuple[str, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -204,6 +223,7 @@ Record: TypeAlias = (
     | BootstrapScramUsers
     | CreateAcls
     | DeleteAcls
+    | AlterClientQuota
 )
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (
@@ -221,6 +241,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     BootstrapScramUsers,
     CreateAcls,
     DeleteAcls,
+    AlterClientQuota,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

@@ -49,7 +49,9 @@ from raftlog.metadata.image import (
     image_from_plain,
     image_to_bytes,
 )
+from raftlog.metadata.quota_apply import alter_client_quota
 from raftlog.metadata.records import (
+    AlterClientQuota,
     AlterConfigs,
     AlterUserScram,
     BecomeController,
@@ -95,7 +97,9 @@ __all__ = [
 
 REQUEST_WINDOW_MAX: Final = 10_000
 _SNAPSHOT_KIND: Final = "raftlog.metadata.state"
-_SNAPSHOT_FORMAT_VERSION: Final = 3  # 1: no SCRAM users; 1-2: no ACLs, no broker endpoints
+# 1: no SCRAM users; 1-2: no ACLs, no broker endpoints; 1-3: no client quotas.
+_SNAPSHOT_FORMAT_VERSION: Final = 4
+_SNAPSHOT_FORMATS_READ: Final = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +180,8 @@ def _apply_record(
             return create_acls(image, record, offset)
         case DeleteAcls():
             return delete_acls(image, record, offset)
+        case AlterClientQuota():
+            return alter_client_quota(image, record)
         case _:
             assert_never(record)
 
@@ -239,7 +245,8 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
         case AlterConfigs():
             resource = image.broker_configs.get(record.resource_name)
             return -1 if resource is None else resource.version
-        case ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers():
+        case (ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers()
+              | AlterClientQuota()):
             return -1
         case CreateAcls() | DeleteAcls():
             return image.acl_version
@@ -318,14 +325,14 @@ class MetadataStateMachine:
         """
         plain = _codec.loads(data)
         header = (plain.get("kind"), plain.get("format")) if isinstance(plain, dict) else None
-        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in (1, 2, 3):
+        if header is None or header[0] != _SNAPSHOT_KIND or header[1] not in _SNAPSHOT_FORMATS_READ:
             raise CodecError(f"not a metadata state snapshot of a supported format: {header}")
         assert isinstance(plain, dict)
         state_plain = plain.get("state")
         if not isinstance(state_plain, dict) or set(state_plain) != {"image", "requests"}:
             raise CodecError("state: expected a map of image and requests")
-        # A format-N snapshot holds a format-N image (1: no SCRAM users; 2: no ACLs, no
-        # broker endpoints).
+        # A format-N snapshot holds a format-N image (1: no SCRAM users; 1-2: no ACLs, no
+        # broker endpoints; 1-3: no client quotas).
         image = image_from_plain(state_plain["image"], header[1], "state.image")
         requests = _codec.from_plain(tuple[tuple[str, ApplyResult], ...],
                                      state_plain["requests"], "state.requests")

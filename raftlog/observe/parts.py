@@ -14,6 +14,7 @@ from raftlog.partition.manager import PartitionManager
 from raftlog.quorum.interface import Quorum
 from raftlog.replication.manager import ReplicaManager
 from raftlog.server.authz import Refusals
+from raftlog.server.quotas import QuotaEnforcer
 from raftlog.server.sasl import SaslApis
 from raftlog.txn.coordinator_service import TxnCoordinatorService
 
@@ -48,3 +49,4 @@ class NodeParts:
     # Authentication and authorization outcomes (None on a node built without them).
     sasl: SaslApis | None = None
     refusals: Refusals | None = None
+    quotas: QuotaEnforcer | None = None  # client quota throttling (raftlog.server.quotas)

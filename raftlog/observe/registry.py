@@ -9,6 +9,7 @@ from raftlog.observe import (
     cluster,
     groups,
     quorum,
+    quotas,
     replication,
     requests,
     runtime,
@@ -45,6 +46,7 @@ def build_registry(
         txn.TxnCollector(parts),
         security.SecurityCollector(parts),
         runtime.RuntimeCollector(loop, parts),
+        quotas.QuotaCollector(parts),
     ):
         registry.register(collector)
     runtime.register_process_collector(registry)

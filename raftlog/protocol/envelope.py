@@ -30,6 +30,7 @@ from raftlog.protocol.schemas import (
     DELETE_TOPICS,
     INCREMENTAL_ALTER_CONFIGS,
 )
+from raftlog.protocol.schemas_quota import ALTER_CLIENT_QUOTAS
 from raftlog.protocol.schemas_security import (
     ALTER_USER_SCRAM_CREDENTIALS,
     CREATE_ACLS,
@@ -42,7 +43,7 @@ ENVELOPE_VERSION: Final = 0
 FORWARDABLE_API_KEYS: Final = frozenset(
     api.key for api in (CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, ALTER_CONFIGS,
                         INCREMENTAL_ALTER_CONFIGS, ALTER_USER_SCRAM_CREDENTIALS, CREATE_ACLS,
-                        DELETE_ACLS)
+                        DELETE_ACLS, ALTER_CLIENT_QUOTAS)
 )
 UNKNOWN_CLIENT_ADDRESS: Final = bytes(4)  # 0.0.0.0: the peer's address was not known
 

@@ -39,11 +39,13 @@ from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.protocol.schemas_security import SECURITY_APIS
 from raftlog.security.session import KafkaPrincipal, SaslState, Session
+from raftlog.server.quotas import ConnectionQuota, QuotaEnforcer
 from raftlog.server.request_memory import (
     FRAME_BUFFER_BYTES,
     QUEUED_MAX_REQUEST_BYTES_DEFAULT,
     FrameLease,
     RequestMemory,
+    is_viewed,
 )
 from raftlog.server.request_stats import RequestStats, request_name
 from raftlog.server.tls import TlsListener, accept_tls, send_copying
@@ -103,6 +105,8 @@ class _Slot:
     body: Body | None = None
     respond: bool = True
     name: str = ""  # the metrics' request name (Fetch is FetchConsumer or FetchFollower)
+    size: int = 0  # the request's bytes and client id (for quotas, ``quotas.py``)
+    client_id: str | None = None
     start: int = 0
     local: int = 0
     ready: int = 0
@@ -131,6 +135,7 @@ async def serve_connection(
     listener: str = LISTENER_NAME,
     principal: KafkaPrincipal | None = None,
     sasl_required: bool = False,
+    quotas: QuotaEnforcer | None = None,
 ) -> None:
     """Serves one client connection until it closes, idles out or breaks the protocol.
 
@@ -151,12 +156,13 @@ async def serve_connection(
         stats = RequestStats()
     stats.connection_opened(listener)
     send_slots, receive_slots = trio.open_memory_channel[_Slot](INFLIGHT_REQUESTS_MAX)
+    quota = None if quotas is None else quotas.connection(session)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_write_responses, stream, receive_slots, stats)
+            nursery.start_soon(_write_responses, stream, receive_slots, stats, quota)
             async with send_slots:
                 await _read_requests(stream, handlers, limits, send_slots, nursery, session,
-                                     memory)
+                                     memory, quota)
     except* ConnectionClosed as group:
         log.warning("closing connection from %s: %s", peer, group.exceptions[0])
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError) as group:
@@ -190,6 +196,7 @@ async def _read_requests(
     nursery: trio.Nursery,
     session: Session,
     memory: RequestMemory,
+    quota: ConnectionQuota | None = None,
 ) -> None:
     peer = session.peer
     receiver: _Receiver = (stream.socket if isinstance(stream, trio.SocketStream)  # type: ignore[assignment]
@@ -197,7 +204,7 @@ async def _read_requests(
     reader = _FrameReader(receiver, limits, session, memory)
     while True:
         try:
-            slot = await _next_request(reader, handlers, nursery, session)
+            slot = await _next_request(reader, handlers, nursery, session, quota)
             if slot is None:
                 return
         except ConnectionClosed as exc:
@@ -222,20 +229,25 @@ class _Frame:
 
 
 async def _next_request(
-    reader: _FrameReader, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session
+    reader: _FrameReader, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session,
+    quota: ConnectionQuota | None,
 ) -> _Slot | None:
     """Reads and dispatches the next frame. Kept apart from the reading loop so that no
     variable of the loop keeps a frame alive after its lease is given back."""
     frame = await reader.next_frame()
     if frame is None:
         return None
-    read = _now()
     try:
+        if quota is not None:  # a throttled connection's next request waits (KIP-219)
+            await quota.wait_unmuted()
+        read = _now()
         slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease, read)
+        if quota is not None:
+            quota.dispatched(slot)
     except BaseException:
         frame.lease.release()
         raise
-    viewed = _is_viewed(frame.buffer)
+    viewed = is_viewed(frame.buffer)
     if slot.done.is_set() or not viewed:
         # The handler is done with the request's bytes (Produce has appended its records,
         # and what waits for the acknowledgement keeps no view of them): stop counting them.
@@ -244,18 +256,6 @@ async def _next_request(
     if frame.recyclable and not viewed:
         reader.recycle(frame.buffer)
     return slot
-
-
-def _is_viewed(data: bytearray) -> bool:
-    """Whether anything still holds a memoryview of ``data``. A bytearray cannot change size
-    while it is viewed, so taking its last byte off and putting it back (in place, without a
-    reallocation: O(1)) answers without keeping track of every view a handler made."""
-    try:
-        last = data.pop()
-    except BufferError:
-        return True
-    data.append(last)
-    return False
 
 
 def _dispatch(
@@ -273,7 +273,7 @@ def _dispatch(
                  if session.sasl_required and session.sasl_state is SaslState.NONE
                  else f"in SASL state {session.sasl_state.value}")
         raise ConnectionClosed(f"{api.name} not allowed {state}")
-    slot = _Slot(api, version, correlation_id, lease, read, name=api.name)
+    slot = _Slot(api, version, correlation_id, lease, read, name=api.name, size=len(frame))
     if not api.supports(version):
         if api is API_VERSIONS:
             # KIP-511: answer with a v0 body carrying UNSUPPORTED_VERSION and our ranges.
@@ -288,7 +288,7 @@ def _dispatch(
         body = codec.decode(api, version, frame[pos:], is_request=True, allow_trailing=True)
     except DecodeError as exc:
         raise ConnectionClosed(f"malformed {api.name} v{version} request: {exc}") from exc
-    slot.name = request_name(api.name, body)
+    slot.name, slot.client_id = request_name(api.name, body), header.client_id
     slot.start = _now()
     result = handlers[key](RequestContext(api, header, body, session.peer, session))
     slot.local = slot.ready = _now()
@@ -457,10 +457,13 @@ class _FrameReader:
 async def _write_responses(
     stream: trio.SocketStream | TlsStream,
     slots: trio.MemoryReceiveChannel[_Slot], stats: RequestStats,
+    quota: ConnectionQuota | None = None,
 ) -> None:
     async with slots:
         async for slot in slots:
             await slot.done.wait()
+            if quota is not None:
+                await quota.account(slot)
             taken = _now()
             if not slot.respond:
                 stats.record(slot.name, None, slot.read, slot.start, slot.local, slot.ready,
@@ -471,6 +474,8 @@ async def _write_responses(
             chunks = _encode_response(slot)
             with trio.fail_after(SEND_TIMEOUT_S):
                 await _send_chunks(stream, chunks)
+            if quota is not None:
+                quota.sent()
             stats.record(slot.name, slot.body, slot.read, slot.start, slot.local, slot.ready,
                          taken, _now())
 
@@ -555,6 +560,7 @@ async def serve_listener(
     tls: TlsListener | None = None,
     memory: RequestMemory | None = None,
     sasl_required: bool = False,
+    quotas: QuotaEnforcer | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listens on host:port and serves every connection in this task's own nursery,
@@ -573,7 +579,7 @@ async def serve_listener(
     async def handle(stream: trio.SocketStream) -> None:
         if tls is None:
             await serve_connection(stream, handlers, limits, memory, request_stats, listener,
-                                   sasl_required=sasl_required)
+                                   sasl_required=sasl_required, quotas=quotas)
             return
         accepted = await accept_tls(stream, tls, _peer_name(stream))
         if accepted is None:
@@ -582,7 +588,8 @@ async def serve_listener(
                 await stream.aclose()
             return
         await serve_connection(accepted[0], handlers, limits, memory, request_stats, listener,
-                               principal=accepted[1], sasl_required=sasl_required)
+                               principal=accepted[1], sasl_required=sasl_required,
+                               quotas=quotas)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

@@ -147,3 +147,15 @@ class RequestMemory:
             log.info("request memory exhausted: %d of %d bytes (queued.max.request.bytes) "
                      "held by requests being read or handled; %d reader(s) wait",
                      self.used, self.capacity, len(self._queue))
+
+
+def is_viewed(data: bytearray) -> bool:
+    """Whether anything still holds a memoryview of ``data``. A bytearray cannot change size
+    while it is viewed, so taking its last byte off and putting it back (in place, without a
+    reallocation: O(1)) answers without keeping track of every view a handler made."""
+    try:
+        last = data.pop()
+    except BufferError:
+        return True
+    data.append(last)
+    return False

@@ -336,3 +336,36 @@ def _denied(node: BrokerProcess) -> dict[str, float]:
     family = scrape("127.0.0.1", node.metrics_port).get(  # type: ignore[attr-defined]
         "kafka_server_authorizermetrics_authorization_denied")
     return {} if family is None else {s.labels["request"]: s.value for s in family.samples}
+
+
+def _tool_as(node: BrokerProcess, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A ``raftlog`` tool logged in as ``user`` with a PLAIN ``--command-config``."""
+    config = Path(node.workdir) / f"{user}.properties"
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                      f"sasl.username={user}\nsasl.password={USERS[user]}\n")
+    return subprocess.run(
+        [sys.executable, "-m", "raftlog", *args, "--bootstrap-server", node.bootstrap,
+         "--command-config", str(config)], capture_output=True, text=True, timeout=60,
+        check=False)
+
+
+def test_client_quotas_need_cluster_alter_and_describe_configs(node: BrokerProcess) -> None:
+    """Without an ACL a user can neither lift its own quota nor read anyone's; a super user
+    can; an ALLOW AlterConfigs on the cluster lets alice alter them."""
+    client = _name("quota-client")
+    alter = ("quotas", "alter", "--client-id", client, "--add-config", "producer_byte_rate=1024")
+    refused = _tool_as(node, "alice", *alter)
+    assert refused.returncode != 0 and "CLUSTER_AUTHORIZATION_FAILED" in (
+        refused.stdout + refused.stderr), refused.stdout + refused.stderr
+    described = _tool_as(node, "alice", "quotas", "describe", "--client-id", client)
+    assert "CLUSTER_AUTHORIZATION_FAILED" in described.stdout + described.stderr
+    assert _tool_as(node, "admin", *alter).returncode == 0
+    shown = _tool_as(node, "admin", "quotas", "describe", "--client-id", client)
+    assert "producer_byte_rate=1024" in shown.stdout, shown.stdout + shown.stderr
+    acls(node, "add", "--allow-principal", "User:alice", "--operation", "AlterConfigs",
+         "--cluster")
+    lifted = _tool_as(node, "alice", "quotas", "alter", "--client-id", client,
+                      "--delete-config", "producer_byte_rate")
+    assert lifted.returncode == 0, lifted.stdout + lifted.stderr
+    acls(node, "remove", "--cluster", "--allow-principal", "User:alice", "--operation",
+         "AlterConfigs")

@@ -46,6 +46,7 @@ from raftlog.protocol.schemas import (
     PRODUCE,
 )
 from raftlog.protocol.schemas_group import GROUP_APIS
+from raftlog.protocol.schemas_quota import QUOTA_APIS
 from raftlog.protocol.schemas_security import SCRAM_ADMIN_APIS, SECURITY_APIS
 from raftlog.protocol.schemas_txn import TXN_APIS
 from tests.integration.conftest import BrokerProcess
@@ -471,7 +472,7 @@ async def test_silent_half_frame_does_not_block_others(broker_survives: BrokerPr
 # API keys and versions
 
 
-@pytest.mark.parametrize("key", [-1, 48, 9999, 32767])
+@pytest.mark.parametrize("key", [-1, 57, 9999, 32767])
 async def test_unknown_api_key(broker_survives: BrokerProcess, key: int) -> None:
     async with await RawConnection.open(broker_survives) as raw:
         payload = struct.pack(">hhih", key, 0, 42, -1)
@@ -508,12 +509,14 @@ async def test_api_versions_too_new_gets_v0_error_and_stays_open(
         # Every client-facing API this broker serves, and none of the internal
         # broker-to-controller ones.
         assert set(ranges) <= {api.key for api in (*ALL_APIS, *GROUP_APIS, *TXN_APIS,
-                                                   *SECURITY_APIS, *SCRAM_ADMIN_APIS)
+                                                   *SECURITY_APIS, *SCRAM_ADMIN_APIS,
+                                                   *QUOTA_APIS)
                                if not api.internal}
         assert {0, 1, 2, 3, 10, 18, 19, 20, 32, 37} <= set(ranges)
         # SASL (SaslHandshake v0-1: librdkafka needs v0 in the range) and the SCRAM admin APIs.
         assert ranges[17] == (0, 1) and ranges[36] == (0, 2)
         assert ranges[50] == ranges[51] == (0, 0)
+        assert ranges[48] == ranges[49] == (0, 1)  # the client quota APIs
         # The client retries within the advertised range on the same connection.
         for retry, correlation_id in ((0, 78), (3, 79)):
             body = {"client_software_name": "bad-input", "client_software_version": "1"}

@@ -224,12 +224,12 @@ def test_snapshot_round_trip_and_old_format_reads_without_acls() -> None:
     again = MetadataStateMachine.from_snapshot(machine.snapshot())
     assert again.image == machine.image
     plain = _codec.loads(machine.snapshot())
-    assert isinstance(plain, dict) and plain["format"] == 3
+    assert isinstance(plain, dict) and plain["format"] == 4
     del plain["state"]["image"]["acls"]
     del plain["state"]["image"]["acl_version"]
     old = MetadataStateMachine.from_snapshot(_codec.dumps({**plain, "format": 2}))
     assert old.image.acls == {} and old.image.acl_version == -1
-    with pytest.raises(_codec.CodecError):  # format 3 must have them
+    with pytest.raises(_codec.CodecError):  # formats 3 and later must have them
         MetadataStateMachine.from_snapshot(_codec.dumps(plain))
 
 

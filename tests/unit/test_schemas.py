@@ -18,6 +18,7 @@ import pytest
 from raftlog.protocol.codec import Api, Field, VersionRange
 from raftlog.protocol.schemas import ALL_APIS
 from raftlog.protocol.schemas_group import GROUP_APIS
+from raftlog.protocol.schemas_quota import QUOTA_APIS
 from raftlog.protocol.schemas_security import ACL_APIS, SCRAM_ADMIN_APIS, SECURITY_APIS
 from raftlog.protocol.schemas_txn import TXN_APIS
 
@@ -100,7 +101,7 @@ def _our_shape(
 @pytest.mark.skipif(not MESSAGE_DIR.is_dir(), reason="shared/kafka-protocol not present")
 @pytest.mark.parametrize("api",
                          (*ALL_APIS, *GROUP_APIS, *TXN_APIS, *SECURITY_APIS, *SCRAM_ADMIN_APIS,
-                          *ACL_APIS),
+                          *ACL_APIS, *QUOTA_APIS),
                          ids=lambda api: api.name)
 def test_schema_matches_kafka_json(api: Api) -> None:
     for kind in ("Request", "Response"):

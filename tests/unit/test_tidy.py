@@ -50,6 +50,7 @@ PURE_MODULES = (
     "raftlog/group/offsets.py",
     "raftlog/group/records.py",
     "raftlog/txn/coordinator.py",
+    "raftlog/server/quota_core.py",
 )
 IMPURE_IMPORTS = ("trio", "socket", "threading", "asyncio", "subprocess")
 
