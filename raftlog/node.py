@@ -61,6 +61,7 @@ from raftlog.observe.registry import build_registry, metrics_settings
 from raftlog.observe.runtime import LoopMonitor
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
+from raftlog.partition.scrubber import LogScrubber
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS
 from raftlog.quorum.interface import Quorum, QuorumTimeoutError
@@ -122,6 +123,7 @@ class Node:
         self.cleaner = LogCleaner(self.manager, CleanerSettings(
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
+        self.scrubber = LogScrubber(self.manager, config.log_scrub_bytes_per_second)
         self.kafka_port: int | None = None  # the inter-broker listener's bound port
         self.listener_ports: dict[str, int] = {}  # every Kafka listener's bound port, by name
         # SSL listeners' contexts, built now: a key or CA that cannot be loaded stops the
@@ -260,6 +262,7 @@ class Node:
                 nursery.start_soon(self.manager.run_retention)
                 nursery.start_soon(self.manager.run_producer_expiration)
                 nursery.start_soon(self.cleaner.run)  # log compaction
+                nursery.start_soon(self.scrubber.run)  # CRC checks of segments from disk
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 served = guard_handlers(gate.wrap(handlers), guards(), authorizer, refusals,

@@ -84,6 +84,9 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     "log.cleaner.min.cleanable.ratio": "0.5",
     "log.cleaner.min.compaction.lag.ms": "0",
     "log.retention.check.interval.ms": str(LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT),
+    # raftlog's own: the background CRC check of segments loaded from disk (bytes a second,
+    # 0 = off; raftlog.partition.scrubber, docs/operations.md "Corruption at rest").
+    "log.scrub.bytes.per.second": str(16 << 20),
     "log.message.timestamp.type": "CreateTime",
     "compression.type": "producer",
     "min.insync.replicas": "1",

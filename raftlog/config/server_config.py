@@ -119,6 +119,7 @@ class ServerConfig:
     transaction_max_timeout_ms: int = 900000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 1000
     log_cleaner_enable: bool = True
+    log_scrub_bytes_per_second: int = 16 << 20
     log_cleaner_backoff_ms: int = 15000
     log_cleaner_dedupe_buffer_size: int = 128 << 20
     log_cleaner_delete_retention_ms: int = 86400000
@@ -281,6 +282,7 @@ def _build(props: Properties) -> ServerConfig:
         transaction_abort_timed_out_transaction_cleanup_interval_ms=props.integer(
             "transaction.abort.timed.out.transaction.cleanup.interval.ms", 1, INT_MAX),
         log_cleaner_enable=props.boolean("log.cleaner.enable"),
+        log_scrub_bytes_per_second=props.integer("log.scrub.bytes.per.second", 0),
         log_cleaner_backoff_ms=props.integer("log.cleaner.backoff.ms", 0),
         log_cleaner_dedupe_buffer_size=props.integer("log.cleaner.dedupe.buffer.size", 1),
         log_cleaner_delete_retention_ms=props.integer("log.cleaner.delete.retention.ms", 0),

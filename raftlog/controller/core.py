@@ -432,10 +432,13 @@ class ControllerCore:
                 errors.INVALID_REQUEST, f"{name}: ISR {list(new_isr)} is not a set of replicas",
                 current,
             )
-        if current.leader not in new_isr:
+        resigning = current.leader not in new_isr
+        if resigning and (not new_isr or not set(new_isr) <= set(current.isr)):
+            # raftlog's extension: a leader whose log holds a corrupt batch leaves the ISR so
+            # that a member with a good copy leads (Kafka refuses any ISR without the leader).
             return rejected(
-                errors.INVALID_REQUEST, f"{name}: ISR {list(new_isr)} leaves out the leader",
-                current,
+                errors.INVALID_REQUEST, f"{name}: ISR {list(new_isr)} leaves out the leader "
+                "and is not a non-empty part of the current ISR", current,
             )
         ineligible = sorted(
             r for r in new_isr
@@ -449,11 +452,16 @@ class ControllerCore:
             )
         if new_isr == current.isr:
             return Decision(partition=current)
+        leader, leader_epoch = current.leader, current.leader_epoch
+        if resigning:  # the first remaining member in preference order leads, a new epoch
+            leader = next(r for r in current.replicas if r in new_isr)
+            leader_epoch += 1
         change = PartitionChange(
-            request.topic, request.partition, current.leader, new_isr,
-            current.leader_epoch, current.partition_epoch + 1,
+            request.topic, request.partition, leader, new_isr,
+            leader_epoch, current.partition_epoch + 1,
         )  # fmt: skip
-        return Decision(proposals=(Proposal(change, None, "AlterPartition"),), partition=current)
+        reason = "AlterPartition (the leader resigns)" if resigning else "AlterPartition"
+        return Decision(proposals=(Proposal(change, None, reason),), partition=current)
 
     def allocate_producer_ids(
         self, image: MetadataImage, broker_id: int, broker_epoch: int

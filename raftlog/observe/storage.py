@@ -75,5 +75,11 @@ class StorageCollector:
         yield families.counter("raftlog_log_retention_deleted_segments",
                                "Segments deleted by retention or DeleteRecords",
                                stats.deleted_segments)
+        yield families.counter("raftlog_log_corrupt_batches",
+                               "Batches whose CRC failed on read or scrub (never served)",
+                               stats.corrupt_batches)
+        yield families.counter("raftlog_log_scrubbed_bytes",
+                               "Segment bytes the background scrub CRC-checked",
+                               stats.scrubbed_bytes)
         if detail:
             yield from (size, segments, start, end, high_watermark)

@@ -77,6 +77,12 @@ class OffsetIndex:
             return self.base_offset, 0
         return self.base_offset + self._relative_offsets[slot], self._positions[slot]
 
+    def offset_before_position(self, position: int) -> int:
+        """The offset of the last entry at or before ``position``: a batch starting at
+        ``position`` has at least this offset (base_offset when no entry is that early)."""
+        slot = bisect_right(self._positions, position) - 1
+        return self.base_offset + (self._relative_offsets[slot] if slot >= 0 else 0)
+
     def entries(self) -> list[tuple[int, int]]:
         """(offset, position) pairs; visible for testing."""
         pairs = zip(self._relative_offsets, self._positions, strict=True)

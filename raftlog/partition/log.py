@@ -57,22 +57,13 @@ from raftlog.partition.log_retention import LogRetention
 from raftlog.partition.log_segments import SegmentList
 from raftlog.partition.log_swap import install_swap, stage_swap, swap_slot
 from raftlog.partition.log_truncation import LogTruncation
+from raftlog.partition.log_verify import LogVerifier
 from raftlog.partition.segment import Segment
 from raftlog.partition.segment_files import FileSlice
 from raftlog.partition.segment_timestamps import TimestampAndOffset
 
-__all__ = [
-    "CREATE_TIME",
-    "LOG_APPEND_TIME",
-    "AppendInfo",
-    "FileSlice",
-    "FlushTicket",
-    "KafkaStorageError",
-    "LogConfig",
-    "LogRead",
-    "PartitionLog",
-    "describe_os_error",
-]
+__all__ = ["CREATE_TIME", "LOG_APPEND_TIME", "AppendInfo", "FileSlice", "FlushTicket",
+           "KafkaStorageError", "LogConfig", "LogRead", "PartitionLog", "describe_os_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +96,11 @@ class PartitionLog:
         log_start_offset: int,
         epoch_cache: LeaderEpochCache | None = None,
         deleted_segments: Counter | None = None,
+        corrupt_batches: Counter | None = None,
     ) -> None:
         self.directory = directory
+        # CRC checks before reads, bad batches found (``log_verify``).
+        self.verifier = LogVerifier(directory.name, corrupt_batches)
         self.config = config
         self._segments = SegmentList(directory, segments, log_start_offset)
         self._epoch_cache = LeaderEpochCache(None) if epoch_cache is None else epoch_cache
@@ -126,17 +120,18 @@ class PartitionLog:
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig, now_ms: int, *,
-             deleted_segments: Counter | None = None) -> PartitionLog:
+             deleted_segments: Counter | None = None,
+             corrupt_batches: Counter | None = None) -> PartitionLog:
         """Open (or create) the log in ``directory`` and recover it after a crash
         (``log_recovery``). ``deleted_segments`` counts the segments retention and log-start
-        moves delete (the owner's metric; one Counter may serve many logs).
+        moves delete, ``corrupt_batches`` the bad batches found (the owner's metrics).
 
         Blocking: scans and CRC-checks the active segment, truncates a torn tail, then fsyncs
         every segment and the directory so that ``flushed_offset == log_end_offset``.
         """
         recovered = recover_log(directory, config, now_ms)
         log = cls(directory, config, recovered.segments, recovered.log_start_offset,
-                  recovered.epoch_cache, deleted_segments)
+                  recovered.epoch_cache, deleted_segments, corrupt_batches)
         ticket = log.begin_flush()
         assert ticket is not None, "a freshly opened log has never been synced"
         ticket.run()
@@ -497,7 +492,8 @@ class PartitionLog:
     ) -> LogRead:
         """Whole batches starting with the one that contains ``offset``, from a single
         segment, within ``max_bytes`` (KIP-74 aside), before ``max_offset`` (high watermark
-        / LSO): see ``log_read.read_batches``.
+        / LSO): see ``log_read.read_batches``. Never a batch whose CRC fails
+        (``log_verify``: cut before it, or CorruptLogError when it comes first).
 
         Raises OffsetOutOfRangeError outside [log_start_offset, log_end_offset].
         """
@@ -505,8 +501,8 @@ class PartitionLog:
         if offset == self.log_end_offset:
             return LogRead([])
         slot = self._segments.slot(offset)
-        return read_batches(self._segments.view[slot:], offset, max_bytes,
-                            max_offset=max_offset, min_one_batch=min_one_batch)
+        return read_batches(self._segments.view[slot:], offset, max_bytes, max_offset=max_offset,
+                            min_one_batch=min_one_batch, check=self.verifier.check_slice)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of :meth:`find_offset_by_timestamp`'s answer, or None."""
@@ -555,7 +551,10 @@ class PartitionLog:
         An I/O error takes the log offline (KafkaStorageError).
         """
         assert not self._closed
-        return self._truncation.truncate_to(offset)
+        try:
+            return self._truncation.truncate_to(offset)
+        finally:
+            self.verifier.forget_from(self.log_end_offset)
 
     def reset_to(self, offset: int) -> None:
         """Delete every batch and restart the log empty at ``offset`` (Kafka's
@@ -566,6 +565,7 @@ class PartitionLog:
         (a failure takes the log offline). KafkaStorageError while the log is offline."""
         assert not self._closed and offset >= 0
         self._truncation.reset_to(offset, self.config.index_interval_bytes)
+        self.verifier.forget_from(0)  # every old batch is gone
 
     def close(self) -> None:
         """Close every fd. Does not fsync: flush first if the data must be durable."""

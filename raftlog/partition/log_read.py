@@ -7,7 +7,7 @@ against the log's range first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -48,12 +48,14 @@ class LogRead:
 
 
 def read_batches(segments: Sequence[Segment], offset: int, max_bytes: int, *,
-                 max_offset: int | None, min_one_batch: bool) -> LogRead:
+                 max_offset: int | None, min_one_batch: bool,
+                 check: Callable[[Segment, FileSlice], FileSlice] | None = None) -> LogRead:
     """Whole batches starting with the one that contains ``offset`` (so the first base
     offset may be lower, as in Kafka), from a single segment, within ``max_bytes`` unless
     the first batch alone is larger and ``min_one_batch`` (KIP-74), stopping before any
     batch whose base offset is >= ``max_offset`` (high watermark / LSO). ``segments``
-    starts with the one holding ``offset``."""
+    starts with the one holding ``offset``. ``check`` vets the slice before it is returned
+    (``LogVerifier.check_slice``: CRCs not yet verified)."""
     # Compaction leaves gaps: an offset that was cleaned away reads from the next batch,
     # in a later segment if this one has nothing at or after it.
     for segment in segments:
@@ -64,7 +66,7 @@ def read_batches(segments: Sequence[Segment], offset: int, max_bytes: int, *,
             start, max_bytes, max_offset=max_offset, min_one_batch=min_one_batch
         )
         if piece is not None:
-            return LogRead([piece])
+            return LogRead([piece if check is None else check(segment, piece)])
         if segment.find_batch(start) is not None:
             break  # a batch is there but does not fit (max_bytes, max_offset)
     return LogRead([])

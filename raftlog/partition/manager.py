@@ -94,7 +94,7 @@ def log_config_for(configs: Mapping[str, str]) -> LogConfig:
 class StorageStats:
     """What the manager records for the metrics (``raftlog.observe.storage`` reads it)."""
 
-    __slots__ = ("deleted_segments", "flush_ms")
+    __slots__ = ("corrupt_batches", "deleted_segments", "flush_ms", "scrubbed_bytes")
 
     def __init__(self) -> None:
         # One group-commit round's fsyncs, timed on the trio side around the worker thread.
@@ -102,6 +102,9 @@ class StorageStats:
         # Segments deleted by retention, DeleteRecords or a follower adopting the leader's
         # log start (every log of this manager counts into it).
         self.deleted_segments = Counter()
+        # Batches whose CRC failed (reads and the scrubber), and bytes the scrubber checked.
+        self.corrupt_batches = Counter()
+        self.scrubbed_bytes = Counter()
 
 
 class PartitionManager:
@@ -126,6 +129,8 @@ class PartitionManager:
         self._appended = trio.Event()  # some log end moved (follower long polls)
         # Whether a follower counts for the HW while joining: set by the ReplicaManager.
         self.is_replica_eligible: Callable[[int], bool] = lambda node_id: True
+        # Told when a partition's log finds a corrupt batch: set by the ReplicaManager.
+        self.on_corrupt: Callable[[Partition], None] = lambda partition: None
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
         self.stats = StorageStats()
         # log.retention.check.interval.ms, producer.id.expiration.ms and
@@ -150,10 +155,12 @@ class PartitionManager:
             return existing
         directory = self.data_dir / f"{topic}-{index}"
         partition_log = PartitionLog.open(directory, log_config_for(configs), now_ms(),
-                                          deleted_segments=self.stats.deleted_segments)
+                                          deleted_segments=self.stats.deleted_segments,
+                                          corrupt_batches=self.stats.corrupt_batches)
         partition = Partition(topic, index, partition_log, leader_epoch,
                               leader_id=self.node_id, replicas=(self.node_id,),
                               isr=(self.node_id,), on_append=self.note_append)
+        partition_log.verifier.listener = lambda: self.on_corrupt(partition)
         partition.apply_configs(configs)
         partition.load_producers()
         partition.load_txn_index(on_open=True)

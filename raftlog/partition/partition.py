@@ -168,6 +168,13 @@ class Partition:
         self.log.append_listener = self.txns.observe
 
     @property
+    def corrupt_offset(self) -> int | None:
+        """The first offset of the lowest batch found corrupt (``log_verify``) that is still
+        in the log, or None."""
+        offset = self.log.verifier.corrupt_offset
+        return None if offset is None or offset < self.log.log_start_offset else offset
+
+    @property
     def local_end_offset(self) -> int:
         """The end of what this replica counts as its own in the HW: fsynced data by default,
         everything written when flushing is relaxed."""

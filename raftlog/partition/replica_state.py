@@ -185,13 +185,18 @@ class LeaderState:
     # --- ISR changes -----------------------------------------------------------------------
 
     def out_of_sync(
-        self, leader_end_offset: int, now_ms: int, lag_time_max_ms: int
+        self, leader_end_offset: int, now_ms: int, lag_time_max_ms: int,
+        high_watermark: int | None = None,
     ) -> list[int]:
-        """Committed ISR followers that have not caught up within the lag time."""
+        """Committed ISR followers that have not caught up within the lag time, or whose log
+        end fell below ``high_watermark``: it lacks committed data (a follower that found a
+        corrupt batch reports its offset, ``LeaderFetcher._drop_corrupt``), so it must not
+        stay eligible to lead."""
         return [
             replica for replica in self.isr
             if replica != self.node_id and (state := self.followers.get(replica)) is not None
-            and not state.is_caught_up(leader_end_offset, now_ms, lag_time_max_ms)
+            and (not state.is_caught_up(leader_end_offset, now_ms, lag_time_max_ms)
+                 or UNKNOWN_OFFSET < state.log_end_offset < (high_watermark or 0))
         ]
 
     def in_sync_outside_isr(
@@ -217,7 +222,7 @@ class LeaderState:
     ) -> tuple[int, ...] | None:
         """The ISR to ask for now, or None: one change at a time, shrink first (as Kafka's
         isr-expiration task and fetch path do). The leader always stays in."""
-        lagging = self.out_of_sync(leader_end_offset, now_ms, lag_time_max_ms)
+        lagging = self.out_of_sync(leader_end_offset, now_ms, lag_time_max_ms, high_watermark)
         if lagging:
             return tuple(r for r in self.isr if r not in lagging)
         joining = self.in_sync_outside_isr(high_watermark, is_eligible)

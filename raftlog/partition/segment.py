@@ -46,6 +46,7 @@ from raftlog.partition.segment_files import (
 )
 from raftlog.partition.segment_timestamps import TimestampAndOffset, TimestampSearch
 from raftlog.partition.txn_index_file import entries_below
+from raftlog.partition.verified_ranges import VerifiedRanges
 
 __all__ = ["Segment"]
 
@@ -80,6 +81,8 @@ class Segment:
         self.time_index = TimeIndex(base_offset)
         self.size_bytes = 0
         self.flushed_size_bytes = 0  # bytes known to be fsynced
+        # Byte ranges whose batches' CRCs were checked in this process (``log_verify``).
+        self.verified = VerifiedRanges()
         self.next_offset = base_offset
         self.max_timestamp_ms = -1  # Kafka's NO_TIMESTAMP until a batch carries one
         self.rolling_base_ms: int | None = None  # when the first batch arrived
@@ -301,6 +304,9 @@ class Segment:
             raise error
         if self.rolling_base_ms is None:
             self.rolling_base_ms = now_ms
+        # Every writer checked these batches' CRCs (validate_batches; the cleaner checks what
+        # it copies and computes the CRC of what it rewrites).
+        self.verified.add(start, start + len(buf))
         position = start
         for header in headers:
             self._track_batch(header, position)
@@ -395,6 +401,11 @@ class Segment:
                 reason = str(error)
                 break
             self._track_batch(header, self.size_bytes)
+        if verify_crc:
+            self.verified.clear()
+            self.verified.add(0, self.size_bytes)
+        else:
+            self.verified.truncate(self.size_bytes)
         dropped_bytes = file_size - self.size_bytes
         if dropped_bytes:
             logger.warning(
@@ -439,6 +450,7 @@ class Segment:
         return header
 
     def _truncate_file(self, size_bytes: int) -> None:
+        self.verified.truncate(size_bytes)
         os.ftruncate(self._writable_fd(), size_bytes)
         self.flushed_size_bytes = min(self.flushed_size_bytes, size_bytes)
 
@@ -468,6 +480,10 @@ class Segment:
                 self.write_txn_index(kept)
 
     # --- reads -------------------------------------------------------------------------------
+
+    def offset_at_or_before(self, position: int) -> int:
+        """A lower bound for the base offset of the batch starting at ``position``."""
+        return self.index.offset_before_position(position)
 
     def iter_headers(self, position: int) -> Iterator[tuple[int, BatchHeader]]:
         """(position, header) of each batch from ``position`` (a batch start) to the end."""

@@ -96,6 +96,9 @@ class FollowerAssignment:
     # The leader's high watermark in its latest Fetch answer (-1: none yet): the follower's
     # lag is how far its log end is behind it (Kafka's FetcherLagStats).
     leader_high_watermark: int = -1
+    # The corrupt batch's offset this follower reported to the leader as its log end (-1:
+    # none): it truncates only after that, see ``LeaderFetcher._drop_corrupt``.
+    reported_corrupt_offset: int = -1
 
     @property
     def key(self) -> PartitionKey:
@@ -131,14 +134,14 @@ class LeaderFetcher:
 
     def add(self, assignment: FollowerAssignment) -> None:
         self.assignments[assignment.key] = assignment
-        self._wake()
+        self.wake()
 
     def remove(self, assignment: FollowerAssignment) -> None:
         if self.assignments.get(assignment.key) is assignment:
             del self.assignments[assignment.key]
-            self._wake()
+            self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
@@ -311,6 +314,26 @@ class LeaderFetcher:
         self.manager.note_role_change(partition)
         return True
 
+    def _drop_corrupt(self, assignment: FollowerAssignment) -> None:
+        """A follower whose log holds a corrupt batch (``log_verify``) gets the good copy
+        from the leader: truncate to the batch and fetch from there. Only once this replica
+        is out of the committed ISR, so that it never leads, nor counts for the HW, with
+        less than the acknowledged data: first its fetches report the corrupt batch's offset
+        as its log end (their answers are dropped), so the leader neither counts it for the
+        HW nor lets it (re)join the ISR, and drops it from the ISR at once if it is a member
+        (``LeaderState.out_of_sync``); then, one backoff later and out of the ISR, it
+        truncates. (An ISR expansion the leader sent before that report and the controller
+        commits more than a backoff later is the window left: docs/operations.md.)"""
+        partition = assignment.partition
+        bad = partition.corrupt_offset
+        if bad is None or self.replicas.node_id in partition.isr \
+                or assignment.reported_corrupt_offset != bad or not self._current(assignment):
+            return
+        log.warning("partition %s-%d: dropping the corrupt batch at offset %d and what "
+                    "follows; fetching them again from leader %d", partition.topic,
+                    partition.index, bad, self.leader_id)
+        self._truncate(assignment, bad)
+
     def _back_off_offline(self, assignment: FollowerAssignment, operation: str,
                           exc: KafkaStorageError) -> None:
         """The partition's log is offline (a restart recovers it): log it and retry only
@@ -323,6 +346,8 @@ class LeaderFetcher:
     # --- fetching --------------------------------------------------------------------------
 
     async def _fetch(self, connection: KafkaConnection) -> None:
+        for assignment in list(self.assignments.values()):
+            self._drop_corrupt(assignment)
         now = trio.current_time()
         ready = [a for a in self.assignments.values()
                  if not a.needs_truncation and a.delayed_until <= now]
@@ -337,12 +362,17 @@ class LeaderFetcher:
         self._rotation = (self._rotation + 1) % len(ready)
         ready = ready[self._rotation:] + ready[:self._rotation]  # fairness under max_bytes
         by_topic: dict[str, list[dict[str, int]]] = {}
+        holding: set[PartitionKey] = set()  # corrupt, still in the ISR: see _drop_corrupt
         for assignment in ready:
             partition = assignment.partition
+            fetch_offset = partition.log.log_end_offset
+            if partition.corrupt_offset is not None:
+                fetch_offset = partition.corrupt_offset
+                holding.add(assignment.key)
             by_topic.setdefault(partition.topic, []).append({
                 "partition": partition.index,
                 "current_leader_epoch": assignment.leader_epoch,
-                "fetch_offset": partition.log.log_end_offset,
+                "fetch_offset": fetch_offset,
                 "log_start_offset": partition.log.log_start_offset,
                 "partition_max_bytes": self.settings.fetch_max_bytes,
             })
@@ -375,7 +405,13 @@ class LeaderFetcher:
                 if answered is None or not self._current(answered):
                     continue
                 stale_epoch = stale_epoch or result.error_code == ErrorCode.STALE_BROKER_EPOCH
-                if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                if answered.key in holding:  # told the leader; the records are not for us
+                    if result.error_code == ErrorCode.NONE:
+                        answered.reported_corrupt_offset = answered.partition.corrupt_offset \
+                            if answered.partition.corrupt_offset is not None else -1
+                    answered.delayed_until = trio.current_time() + \
+                        self.settings.fetch_backoff_ms / 1000
+                elif result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     out_of_range.append(answered)
                 elif result.error_code == ErrorCode.STALE_BROKER_EPOCH:
                     answered.delayed_until = trio.current_time() + min(

@@ -72,6 +72,9 @@ class IsrManager:
         self.is_eligible = is_eligible
         self.stats = IsrStats()
         self._nursery: trio.Nursery | None = None
+        # (topic, partition, leader epoch) of resignations sent, and of lone corrupt leaders.
+        self._resigning: set[tuple[str, int, int]] = set()
+        self._alone_logged: set[tuple[str, int, int]] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -105,8 +108,8 @@ class IsrManager:
         if follower is not None and follower.log_start_offset != start_before:
             partition.notify_changed()
         self.manager.update_high_watermark(partition)
-        if replica_id not in state.isr:
-            self.maybe_change_isr(partition, now)
+        if replica_id not in state.isr or fetch_offset < partition.high_watermark:
+            self.maybe_change_isr(partition, now)  # joining, or fell below the HW: shrink
         return True
 
     # --- ISR changes -----------------------------------------------------------------------
@@ -124,9 +127,56 @@ class IsrManager:
         """Shrink (or expand, or retry) the ISR of every partition this node leads."""
         now = now_ms()
         for partition in list(self.manager.partitions.values()):
-            if partition.is_leader and partition.leader_state is not None:
+            if partition.is_leader and partition.corrupt_offset is not None:
+                self.resign(partition)  # retried until another ISR member leads
+            elif partition.is_leader and partition.leader_state is not None:
                 self.maybe_change_isr(partition, now)
                 self.manager.update_high_watermark(partition)
+
+    def resign(self, partition: Partition) -> None:
+        """This leader's log holds a corrupt batch (``log_verify``): ask the controller to take
+        it out of the ISR, which elects the first other ISR member (AlterPartition without the
+        leader; raftlog's extension, see ``ControllerCore.alter_partition``). Once a follower,
+        it truncates the batch and fetches the good copy. Alone in the ISR it keeps leading:
+        it is the only copy there is, served up to the bad batch."""
+        state = partition.leader_state
+        if state is None or self.alter_isr is None or self._nursery is None:
+            return
+        others = tuple(r for r in state.isr if r != self.node_id and self.is_eligible(r))
+        key = (partition.topic, partition.index, state.leader_epoch)
+        if not others:
+            if key not in self._alone_logged:
+                self._alone_logged.add(key)
+                log.error("partition %s-%d: the corrupt batch at offset %s has no good copy in "
+                          "the ISR %s; still leading, serving the data before it",
+                          partition.topic, partition.index, partition.corrupt_offset,
+                          list(state.isr))
+            return
+        if key in self._resigning:
+            return
+        self._resigning.add(key)
+        log.warning("partition %s-%d: corrupt batch at offset %s: asking the controller to "
+                    "move leadership to the ISR %s", partition.topic, partition.index,
+                    partition.corrupt_offset, list(others))
+        self._nursery.start_soon(self._send_resignation, partition, state, others, key)
+
+    async def _send_resignation(self, partition: Partition, state: LeaderState,
+                                isr: tuple[int, ...], key: tuple[str, int, int]) -> None:
+        assert self.alter_isr is not None
+        try:
+            with trio.fail_after(self.settings.alter_isr_timeout_ms / 1000):
+                error, _ = await self.alter_isr(partition.topic, partition.index, isr,
+                                                state.leader_epoch, state.partition_epoch)
+        except Exception as exc:  # trio.TooSlowError included: the ISR check retries
+            log.warning("partition %s-%d: AlterPartition (resign) failed: %r", partition.topic,
+                        partition.index, exc)
+            error = -1
+        if error != ErrorCode.NONE:
+            if error != -1:
+                log.info("partition %s-%d: AlterPartition (resign) refused: %s",
+                         partition.topic, partition.index, metadata_errors.error_name(error))
+            await trio.sleep(self.settings.alter_isr_retry_backoff_ms / 1000)
+            self._resigning.discard(key)  # the ISR check asks again
 
     def maybe_change_isr(self, partition: Partition, now: int) -> None:
         state = partition.leader_state

@@ -77,6 +77,7 @@ class ReplicaManager:
         self._checkpointed_hws = _read_hw_checkpoint(self._hw_checkpoint_path)
         self._written_hws: dict[PartitionKey, int] = dict(self._checkpointed_hws)
         manager.is_replica_eligible = self.is_eligible
+        manager.on_corrupt = self.note_corrupt
         self.isr = IsrManager(manager, self.node_id, self.settings, alter_isr, self.is_eligible)
 
     # --- the task tree ---------------------------------------------------------------------
@@ -181,6 +182,8 @@ class ReplicaManager:
                      partition.log.log_start_offset, partition.log.log_end_offset,
                      partition.high_watermark)
             self.manager.note_role_change(partition)
+        if partition.corrupt_offset is not None:
+            self.isr.resign(partition)  # a good ISR member should lead instead
         self.manager.update_high_watermark(partition)
 
     def become_follower(self, partition: Partition, state: PartitionImage) -> None:
@@ -203,6 +206,19 @@ class ReplicaManager:
             if self._nursery is not None:
                 fetcher.start(self._nursery)
         fetcher.add(assignment)
+
+    def note_corrupt(self, partition: Partition) -> None:
+        """``partition``'s log found a corrupt batch (a read or the scrub, ``log_verify``).
+        A leader hands leadership to another ISR member (``IsrManager.resign``); a follower's
+        fetcher truncates it away and fetches the good copy once this replica is out of the
+        ISR (``LeaderFetcher``)."""
+        if partition.is_leader:
+            self.isr.resign(partition)
+            return
+        assignment = self._followed.get((partition.topic, partition.index))
+        fetcher = None if assignment is None else self.fetchers.get(assignment.leader_id)
+        if fetcher is not None:
+            fetcher.wake()
 
     def _go_offline(self, partition: Partition) -> None:
         self._stop_following((partition.topic, partition.index))

@@ -434,7 +434,7 @@ def test_alter_partition_shrinks_and_expands_under_compare_and_set() -> None:
         (1, (1, 2), {"leader_epoch": 5}, errors.NOT_CONTROLLER),
         (1, (1, 2), {"partition_epoch": 5}, errors.NOT_CONTROLLER),
         (2, (1, 2), {}, errors.INVALID_REQUEST),
-        (1, (2, 3), {}, errors.INVALID_REQUEST),
+        (1, (), {}, errors.INVALID_REQUEST),
         (1, (1, 4), {}, errors.INVALID_REQUEST),
         (1, (1, 1), {}, errors.INVALID_REQUEST),
         (1, (1, 2), {"broker_epoch": 12345}, STALE_BROKER_EPOCH),
@@ -459,6 +459,28 @@ def test_alter_partition_rejections(
     decision = cluster.core.alter_partition(cluster.image, request)
     assert decision.error_code == expected
     assert decision.proposals == ()
+
+
+def test_a_leader_leaving_the_isr_hands_leadership_to_the_next_member() -> None:
+    # raftlog's extension for a leader whose log holds a corrupt batch (log_verify).
+    cluster = Cluster()
+    cluster.create("t", (1, 2, 3))
+    code, results = cluster.alter(1, (2, 3))
+    assert code == errors.NONE and all(r.ok for r in results)
+    after = cluster.partition()
+    assert (after.leader, after.isr, after.leader_epoch, after.partition_epoch) == \
+        (2, (2, 3), 1, 1)
+
+
+def test_a_resigning_leader_cannot_add_members_or_empty_the_isr() -> None:
+    cluster = Cluster()
+    cluster.create("t", (1, 2, 3))
+    cluster.alter(1, (1, 2))
+    code, _ = cluster.alter(1, (2, 3))  # 3 is not in the ISR: it may lack committed data
+    assert code == errors.INVALID_REQUEST
+    code, _ = cluster.alter(1, ())
+    assert code == errors.INVALID_REQUEST
+    assert cluster.partition().leader == 1
 
 
 def test_alter_partition_refuses_a_fenced_replica() -> None:

@@ -99,6 +99,19 @@ def test_shrink_after_the_lag_time_then_expand() -> None:
     assert pending.partition_epoch == 10
 
 
+def test_an_isr_member_that_falls_below_the_hw_leaves_at_once() -> None:
+    # A follower that found a corrupt batch reports its offset as its log end: it lacks
+    # committed data and must not stay eligible to lead (LeaderFetcher._drop_corrupt).
+    state = leader(now=0)
+    state.record_fetch(2, 100, 100, now_ms=500)
+    state.record_fetch(3, 100, 100, now_ms=500)
+    assert state.proposed_isr(100, 100, 600, LAG_MS, everyone) is None
+    state.record_fetch(3, 40, 100, now_ms=600)
+    assert state.out_of_sync(100, 600, LAG_MS, high_watermark=100) == [3]
+    assert state.out_of_sync(100, 600, LAG_MS) == [], "without the HW: the lag time only"
+    assert state.proposed_isr(100, 100, 600, LAG_MS, everyone) == (1, 2)
+
+
 def test_expansion_needs_the_epoch_start_offset() -> None:
     state = leader(isr=(1,), epoch_start=50)
     state.record_fetch(2, 40, 60, now_ms=0)

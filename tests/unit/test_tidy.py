@@ -41,6 +41,7 @@ PURE_MODULES = (
     "raftlog/partition/replica_state.py",
     "raftlog/partition/producer_state.py",
     "raftlog/partition/append.py",
+    "raftlog/partition/verified_ranges.py",
     "raftlog/controller/core.py",
     "raftlog/controller/elections.py",
     "raftlog/controller/config_changes.py",
