@@ -38,6 +38,7 @@ SECURE_DIR: Final = "secure"
 CLIENT_PROPERTIES: Final = "client.properties"
 ADMIN_USER: Final = "admin"
 LISTENER: Final = "SASL_SSL"
+STANDARD_AUTHORIZER: Final = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 VALID_DAYS: Final = 825
 _DAY: Final = datetime.timedelta(days=1)
 
@@ -164,4 +165,7 @@ def secure_node_properties(data_dir: Path, node_id: int, host: str, kafka_port: 
         "ssl.truststore.location": str(directory / "ca.pem"),
         # A client certificate, when one is presented, must be signed by the local CA.
         "ssl.client.auth": "requested",
+        # ACLs on: the admin user may do anything, anyone else only what an ACL allows.
+        "authorizer.class.name": STANDARD_AUTHORIZER,
+        "super.users": f"User:{ADMIN_USER}",
     }
