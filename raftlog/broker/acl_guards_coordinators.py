@@ -10,6 +10,7 @@ Write on some topic; cluster-wide administration needs Describe or Alter on the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
@@ -56,12 +57,18 @@ _NOT_ATTEMPTED: Final = int(ErrorCode.OPERATION_NOT_ATTEMPTED)
 _GROUP_KEY: Final = 0
 _TXN_KEY: Final = 1
 
+log = logging.getLogger(__name__)
+
 
 def build_authorizer(settings: AuthorizerSettings, image: Callable[[], MetadataImage]
                      ) -> Authorizer:
     """Kafka's StandardAuthorizer over the image's ACLs when configured, else no ACLs."""
     if not settings.enabled:
+        log.info("authorizer: none (every principal may do everything but ClusterAction)")
         return ClusterAuthorizer()
+    log.info("authorizer: StandardAuthorizer, super.users=%s, allow.everyone.if.no.acl.found=%s",
+             ";".join(settings.super_users) or "(none)",
+             str(settings.allow_everyone_if_no_acl_found).lower())
 
     def acls() -> tuple[int, Mapping[str, Binding]]:
         current = image()
