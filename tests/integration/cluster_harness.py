@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -293,16 +294,24 @@ def wait_for(probe_fn: Callable[[], T | None], timeout_s: float, what: str,
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-@pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[Cluster]:
-    """A running, ready 3-node cluster; stopped (and its logs printed on request) afterwards."""
-    cluster = Cluster.create(tmp_path / "cluster")
+@contextmanager
+def running_cluster(directory: Path, **create: Any) -> Iterator[Cluster]:
+    """A 3-node cluster made by ``Cluster.create(directory, **create)``, started and ready;
+    stopped (and its logs printed on request) afterwards."""
+    cluster = Cluster.create(directory, **create)
     try:
         cluster.start_all()
         cluster.wait_ready()
         yield cluster
     finally:
         stop_cluster(cluster)
+
+
+@pytest.fixture
+def cluster3(tmp_path: Path) -> Iterator[Cluster]:
+    """A running, ready 3-node cluster."""
+    with running_cluster(tmp_path / "cluster") as cluster:
+        yield cluster
 
 
 def stop_cluster(cluster: Cluster) -> None:

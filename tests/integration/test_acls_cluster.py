@@ -15,7 +15,7 @@ import pytest
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FIND_COORDINATOR
 from raftlog.protocol.schemas_security import SASL_AUTHENTICATE, SASL_HANDSHAKE
-from tests.integration.cluster_harness import Cluster, stop_cluster, wait_for, wait_until
+from tests.integration.cluster_harness import Cluster, running_cluster, wait_for, wait_until
 from tests.integration.test_sasl_users import _Raw
 
 PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -24,16 +24,11 @@ GROUP_DENIED = int(ErrorCode.GROUP_AUTHORIZATION_FAILED)
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster.create(tmp_path / "cluster", extra_properties={
+    with running_cluster(tmp_path / "cluster", extra_properties={
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "allow.everyone.if.no.acl.found": "true",
-        "sasl.jaas.config": f'{PLAIN_MODULE} required user_alice="alice-pw";'})
-    try:
-        cluster.start_all()
-        cluster.wait_ready()
+        "sasl.jaas.config": f'{PLAIN_MODULE} required user_alice="alice-pw";'}) as cluster:
         yield cluster
-    finally:
-        stop_cluster(cluster)
 
 
 def _find_group_coordinator(port: int) -> int:

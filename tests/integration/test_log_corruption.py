@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from raftlog.partition.batch import check_batch
-from tests.integration.cluster_harness import Cluster, stop_cluster, wait_for, wait_until
+from tests.integration.cluster_harness import Cluster, running_cluster, wait_for, wait_until
 from tests.integration.helpers import unique_topic
 
 RECORDS = 1500
@@ -29,13 +29,8 @@ TIMEOUT_S = 60.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.create(tmp_path_factory.mktemp("corruption") / "cluster")
-    try:
-        cluster.start_all()
-        cluster.wait_ready()
+    with running_cluster(tmp_path_factory.mktemp("corruption") / "cluster") as cluster:
         yield cluster
-    finally:
-        stop_cluster(cluster)
 
 
 def _value(index: int) -> bytes:

@@ -17,20 +17,15 @@ from typing import Any
 import pytest
 
 from raftlog.config.properties import load_properties
-from tests.integration.cluster_harness import Cluster, stop_cluster, wait_for, wait_until
+from tests.integration.cluster_harness import Cluster, running_cluster, wait_for, wait_until
 
 RECORDS = 100
 
 
 @pytest.fixture(scope="module")
 def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.create(tmp_path_factory.mktemp("secure") / "cluster", secure=True)
-    try:
-        cluster.start_all()
-        cluster.wait_ready()
+    with running_cluster(tmp_path_factory.mktemp("secure") / "cluster", secure=True) as cluster:
         yield cluster
-    finally:
-        stop_cluster(cluster)
 
 
 def _client_config(cluster: Cluster) -> dict[str, Any]:
