@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(PY) -m mypy raftlog jepsen spark_connector bench
 
 test: $(STAMP) apt-test lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
