@@ -323,7 +323,22 @@ class ControllerCore:
             request.broker_id, request.host, request.port, request.rack, request.incarnation_id,
             request.endpoints,
         )
-        return Decision(proposals=(Proposal(record, None, "registration"),))
+        registration = Proposal(record, None, "registration")
+        if existing is None or existing.incarnation_id == request.incarnation_id:
+            return Decision(proposals=(registration,))
+        # A new incarnation: whatever the old one held may be gone (a replaced disk, a wiped
+        # data directory) or short of what it acknowledged. As Kafka fences the previous
+        # incarnation, it leaves every ISR and leadership first; it rejoins an ISR only when a
+        # leader sees it caught up. Otherwise a node back with an empty log before its old
+        # session ended would lead at the same epoch and its followers would truncate to it.
+        usable = self.usable_brokers(image, now_ms) - {request.broker_id}
+        leaves = tuple(
+            Proposal(change, None, "new incarnation")
+            for change in plan_partition_changes(
+                image, usable, default_unclean=self.settings.unclean_leader_election)
+            if _holds(image, change, request.broker_id)
+        )
+        return Decision(proposals=(*leaves, registration))
 
     def heartbeat(self, image: MetadataImage, request: Heartbeat, now_ms: int) -> Decision:
         """BrokerHeartbeat: renews the session; may unfence, fence or start a shutdown.
@@ -532,3 +547,12 @@ class ControllerCore:
                 reason = "shutting down" if self.is_shutting_down(broker.node_id) else "expired"
                 proposals.append(Proposal(FenceBroker(broker.node_id), broker.version, reason))
         return proposals
+
+
+def _holds(image: MetadataImage, change: PartitionChange, broker_id: int) -> bool:
+    """Whether ``broker_id`` leads or is in the ISR of the partition ``change`` changes."""
+    topic = image.topics.get(change.topic)
+    if topic is None or not 0 <= change.partition < len(topic.partitions):
+        return False
+    partition = topic.partitions[change.partition]
+    return partition.leader == broker_id or broker_id in partition.isr

@@ -291,8 +291,15 @@ class ControllerService:
         decision = term.core.register(self._quorum.image, request, self.now_ms())
         if not decision.ok:
             return decision.error_code, decision.message, -1
-        (proposal,) = decision.proposals
-        result = await self._propose(term, proposal)
+        # A new incarnation first leaves the ISRs and leaderships its predecessor held, then
+        # registers (each commits on its own; the last proposal is the registration).
+        *leaves, registration = decision.proposals
+        for leave in leaves:
+            left = await self._propose(term, leave)
+            if not left.ok:
+                log.info("broker %d: leaving %s before its new incarnation registers: %s",
+                         request.broker_id, leave.record, left.message)
+        result = await self._propose(term, registration)
         if not result.ok:
             return wire_error_code(result.error_code), result.message, -1
         assert isinstance(result.value, int)

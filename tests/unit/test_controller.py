@@ -130,7 +130,8 @@ class Cluster:
             self.now,
         )  # fmt: skip
         assert decision.ok, decision
-        (result,) = self.apply(decision.proposals)
+        *leaves, result = self.apply(decision.proposals)
+        assert all(left.ok for left in leaves), leaves
         return result
 
     def alter(self, node_id: int, isr: tuple[int, ...], *, topic: str = "t", index: int = 0,
@@ -349,6 +350,31 @@ def test_a_restart_on_the_same_listener_registers_without_waiting_out_the_old_se
     assert cluster.image.brokers[2].fenced
     cluster.tick(TICK_MS)
     assert cluster.partition().leader == 1, "the old incarnation's leadership moved away"
+
+
+def test_a_new_incarnation_leaves_every_isr_and_leadership_before_it_registers() -> None:
+    """A node back with an empty disk (or one short of what it acknowledged) under its old
+    id, before its old session ended: the registration first takes it out of the ISR and
+    leadership its predecessor held, so it cannot lead at the old epoch (its followers would
+    truncate to its empty log) and rejoins only when a leader sees it caught up."""
+    cluster = Cluster()
+    cluster.create("t", (2, 1, 3))
+    assert cluster.partition().leader == 2 and 2 in cluster.partition().isr
+    epoch = cluster.partition().leader_epoch
+    decision = cluster.core.register(
+        cluster.image, Registration(2, "wiped", "127.0.0.1", 9094), cluster.now)
+    assert decision.ok
+    *leaves, registration = decision.proposals
+    assert isinstance(registration.record, RegisterBroker) and leaves
+    assert all(isinstance(p.record, PartitionChange) for p in leaves)
+    cluster.apply_ok(decision.proposals)
+    partition = cluster.partition()
+    assert partition.leader == 1 and partition.leader_epoch == epoch + 1
+    assert 2 not in partition.isr and partition.isr == (1, 3)
+    # Unfenced once it caught up with the metadata, it still is no ISR member or leader.
+    cluster.heartbeat(2)
+    cluster.tick(TICK_MS)
+    assert cluster.partition().leader == 1 and 2 not in cluster.partition().isr
 
 
 def test_same_incarnation_registers_again_as_a_no_op() -> None:
