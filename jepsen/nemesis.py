@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from jepsen import faults_harsh
 from jepsen.db import Cluster
 from jepsen.net import Grudge, Net
 from jepsen.workloads import Recorder
@@ -64,10 +65,12 @@ def parse_kinds(nemesis: str, network: bool) -> tuple[str, ...]:
     if nemesis in ("", "none"):
         return ()
     kinds = KINDS if nemesis == "all" else tuple(k.strip() for k in nemesis.split(","))
-    unknown = [k for k in kinds if k not in KINDS]
+    kinds = tuple(dict.fromkeys(x for k in kinds for x in faults_harsh.ALIASES.get(k, (k,))))
+    known = (*KINDS, *faults_harsh.HARSH_KINDS)
+    unknown = [k for k in kinds if k not in known]
     if unknown:
         raise ValueError(f"unknown nemesis {unknown[0]!r}; choose from none, all, "
-                         + ", ".join(KINDS))
+                         + ", ".join((*faults_harsh.ALIASES, *known)))
     if not network:
         kinds = tuple(k for k in kinds if k != "partition")
     return kinds
@@ -93,6 +96,8 @@ def plan(kinds: Sequence[str], rng: random.Random, time_limit_s: float, interval
 
 
 def _fault(kind: str, rng: random.Random) -> Fault:
+    if kind in faults_harsh.HARSH_KINDS:
+        return Fault(kind, faults_harsh.harsh_target(kind, rng))
     if kind == "partition":
         return Fault(kind, rng.choice(PARTITION_TARGETS))
     if kind == "clock":
@@ -187,6 +192,9 @@ class Nemesis:
             self.net.partition(g)
             cut = sorted(n for n, drops in g.items() if drops)
             return {**fault.describe(), "grudge": {str(n): sorted(d) for n, d in g.items()}}, cut
+        if fault.kind in faults_harsh.HARSH_KINDS:
+            return faults_harsh.apply(fault.kind, fault.target, self.cluster, self.rng,
+                                      self._victims)
         victims = self._victims(fault.target)
         for n in victims:
             node = self.cluster.nodes[n]
@@ -215,6 +223,9 @@ class Nemesis:
     def _undo(self, kind: str, nodes: list[int]) -> None:
         if kind == "partition":
             self.net.heal()
+            return
+        if kind in faults_harsh.HARSH_KINDS:
+            faults_harsh.undo(self.cluster, nodes)
             return
         for n in nodes:
             node = self.cluster.nodes[n]

@@ -62,6 +62,7 @@ class TestOptions:
     keep_data: bool = False
     progress: bool = True
     name: str | None = None
+    load: str = "paced"  # "saturate": idempotent producers as fast as the cluster takes
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -70,6 +71,14 @@ class TestOptions:
 
 
 def make_workload(opts: TestOptions) -> Workload:
+    if opts.load == "saturate":
+        if opts.workload != "queue":
+            raise ValueError("--load saturate is for the queue workload")
+        from jepsen.workloads.saturate import SaturateWorkload
+
+        return SaturateWorkload()
+    if opts.load != "paced":
+        raise ValueError(f"unknown load {opts.load!r}; choose from paced, saturate")
     if opts.workload == "queue":
         via = {"both": ("assign", "subscribe"), "assign": ("assign",),
                "subscribe": ("subscribe",)}[opts.sub_via]
@@ -305,7 +314,7 @@ def _sleep_until(t: float, opts: TestOptions, recorder: Recorder, nemesis: Nemes
 def _worker(index: int, opts: TestOptions, workload: Workload, view: ClusterView,
             recorder: Recorder, stop: threading.Event, notes: list[str]) -> None:
     rng = random.Random(opts.seed * 1000 + index)
-    mean_gap_s = opts.concurrency / max(opts.rate, 0.001)
+    mean_gap_s = 0.0 if opts.load == "saturate" else opts.concurrency / max(opts.rate, 0.001)
     process = recorder.new_process()
     client = None
     while not stop.is_set():

@@ -1,0 +1,136 @@
+"""Harder faults: ``kill-two``, ``kill-burst`` and ``wipe-disk`` (used by
+:class:`jepsen.nemesis.Nemesis`).
+
+* ``kill-two``: SIGKILL two nodes at once (both signals sent before either is reaped);
+  restarted when the fault stops. On 3 nodes with ``min.insync.replicas=2`` every write
+  stalls until a node is back.
+* ``kill-burst``: kill a node, 1-2 s later restart it and at once kill another, ... 3 to 5
+  kills; every node is running again when the burst ends (each restarted node has had no time
+  to catch up before the next is killed). The burst runs when the fault starts; its stop only
+  makes sure every node it hit is running.
+* ``wipe-disk``: SIGKILL one node (``one``, ``quorum-leader`` or ``partition-leader``),
+  delete its whole data directory (``log.dirs``, which is also ``metadata.log.dir``: the
+  partition logs and ``__cluster_metadata-0/`` with the Raft journal, snapshot and
+  ``meta.properties``), and restart it with the same ``node.id`` when the fault stops: a
+  machine replaced by an empty one. What was deleted (files, bytes) is recorded.
+
+The choices (:func:`burst_plan`, :func:`pick_two`, :func:`harsh_fault`) are pure and seeded;
+:func:`apply` and :func:`undo` are the I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from jepsen.db import Cluster, NodeProcess
+
+HARSH_KINDS: Final = ("kill-two", "kill-burst", "wipe-disk")
+#: ``--nemesis harsh``: every way of killing; ``all`` stays as it was (campaigns comparable).
+ALIASES: Final[dict[str, tuple[str, ...]]] = {"harsh": ("kill", "kill-two", "kill-burst")}
+BURST_KILLS: Final = (3, 5)
+BURST_DOWN_S: Final = (1.0, 2.0)
+WIPE_TARGETS: Final = ("one", "quorum-leader", "partition-leader")
+DATA_DIR: Final = "data"
+
+
+def harsh_target(kind: str, rng: random.Random) -> str:
+    """The planned target of a harsh fault kind."""
+    if kind == "kill-two":
+        return "two"
+    if kind == "kill-burst":
+        return "burst"
+    if kind == "wipe-disk":
+        return rng.choice(WIPE_TARGETS)
+    raise ValueError(f"not a harsh fault: {kind!r}")
+
+
+def pick_two(nodes: Sequence[int], rng: random.Random) -> list[int]:
+    """Two distinct nodes (all of them when there are fewer)."""
+    return sorted(rng.sample(list(nodes), min(2, len(nodes))))
+
+
+def burst_plan(nodes: Sequence[int], rng: random.Random) -> list[tuple[int, float]]:
+    """``[(node, seconds down), ...]``: 3-5 kills, never the same node twice in a row."""
+    steps: list[tuple[int, float]] = []
+    previous: int | None = None
+    for _ in range(rng.randint(*BURST_KILLS)):
+        choices = [n for n in nodes if n != previous] or list(nodes)
+        node = rng.choice(choices)
+        steps.append((node, round(rng.uniform(*BURST_DOWN_S), 3)))
+        previous = node
+    return steps
+
+
+def data_dir(node: NodeProcess) -> Path:
+    """``log.dirs`` (= ``metadata.log.dir``) of a harness node."""
+    return node.directory / DATA_DIR
+
+
+def _usage(path: Path) -> tuple[int, int]:
+    files = size = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if p.is_file():
+                files += 1
+                size += p.stat().st_size
+    return files, size
+
+
+def kill_together(nodes: Sequence[NodeProcess]) -> None:
+    """SIGKILL every node before reaping any (they die at the same instant)."""
+    for node in nodes:
+        if node.process is not None and node.process.poll() is None:
+            with contextlib.suppress(OSError):
+                node.process.send_signal(signal.SIGKILL)
+    for node in nodes:
+        node.kill()  # reaps
+
+
+def wipe(node: NodeProcess) -> dict[str, Any]:
+    """Kill ``node`` and delete its data directory; what was there."""
+    node.kill()
+    path = data_dir(node)
+    files, size = _usage(path)
+    shutil.rmtree(path, ignore_errors=True)
+    return {"wiped": str(path), "files": files, "bytes": size}
+
+
+def apply(kind: str, target: str, cluster: Cluster, rng: random.Random,
+          victims: Callable[[str], list[int]],
+          sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, Any], list[int]]:
+    """Start a harsh fault: ``(recorded value, nodes to restart when it stops)``.
+    ``victims(target)`` resolves ``one``/``quorum-leader``/``partition-leader``."""
+    if kind == "kill-two":
+        hit = pick_two(cluster.node_ids, rng)
+        kill_together([cluster.nodes[n] for n in hit])
+        return {"kind": kind, "target": target, "nodes": hit}, hit
+    if kind == "kill-burst":
+        done: list[dict[str, Any]] = []
+        for n, down_s in burst_plan(cluster.node_ids, rng):
+            node = cluster.nodes[n]
+            node.kill()
+            done.append({"node": n, "down_s": down_s, "killed_at": round(time.time(), 3)})
+            sleep(down_s)
+            node.start()
+        nodes = sorted({d["node"] for d in done})
+        return {"kind": kind, "target": target, "nodes": nodes, "burst": done}, nodes
+    if kind == "wipe-disk":
+        hit = victims(target)[:1]
+        wiped = [{"node": n, **wipe(cluster.nodes[n])} for n in hit]
+        return {"kind": kind, "target": target, "nodes": hit, "wiped": wiped}, hit
+    raise ValueError(f"not a harsh fault: {kind!r}")
+
+
+def undo(cluster: Cluster, nodes: Sequence[int]) -> None:
+    """Restart every node the fault left down (same ``node.id``, same config)."""
+    for n in nodes:
+        node = cluster.nodes[n]
+        if not node.alive():
+            node.start()

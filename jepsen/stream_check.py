@@ -1,0 +1,133 @@
+"""A linear-time checker for producer streams: per partition, duplicates, reorderings and
+lost writes (``--load saturate``).
+
+Jepsen's Kafka checker (:mod:`jepsen.checker`) builds a dependency graph over every operation
+and searches it for cycles; on the 100,000+ records of a saturating run that costs minutes.
+The properties an idempotent producer promises are simpler and need one pass:
+
+* ``duplicate``: one value stored at two (or more) offsets of a partition. Values are unique,
+  so any second copy is a duplicate (the issue's "same record at offsets 18330 and 18345").
+* ``reorder``: two values one producer (one client process: one producer instance, hence one
+  producer id) sent to the same partition, in that order, stored in the opposite order.
+  An idempotent producer keeps send order within a partition, retries included.
+* ``lost-write``: a value whose send was acknowledged (``ok``) and that no read found,
+  although a read of its partition reached past the acknowledged offset.
+* ``inconsistent-offsets``: two different values read at the same offset of a partition.
+* ``offset-mismatch``: a value acknowledged at one offset and read at another.
+* ``unseen`` (not an error): acknowledged values past the last offset any read reached; the
+  verdict is then ``"unknown"`` unless something invalid was found.
+
+Everything is computed from ``ok`` send completions, the invocations of every send (send
+order of each process) and every poll completion (``ok`` or ``info``; the final reads
+included). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from jepsen.history import Op
+from jepsen.ops import jsonable
+
+BAD: Final = ("duplicate", "reorder", "lost-write", "inconsistent-offsets", "offset-mismatch")
+EXAMPLES_MAX: Final = 20
+
+
+@dataclass
+class _Key:
+    """What one partition holds and what was sent to it."""
+
+    offsets_of: dict[Any, set[int]] = field(default_factory=lambda: defaultdict(set))
+    value_at: dict[int, set[Any]] = field(default_factory=lambda: defaultdict(set))
+    read_max: int = -1
+    acked: dict[Any, int | None] = field(default_factory=dict)
+    # process -> values in the order that process sent them
+    sent: dict[Any, list[Any]] = field(default_factory=lambda: defaultdict(list))
+
+
+def _scan(ops: Iterable[Op]) -> dict[str, _Key]:
+    keys: dict[str, _Key] = defaultdict(_Key)
+    for op in ops:
+        if not op.is_client:
+            continue
+        if op.f in ("send", "txn") and op.type == "invoke":
+            for k, values in op.writes().items():
+                keys[k].sent[op.process].extend(values)
+        elif op.f in ("send", "txn") and op.type == "ok":
+            for k, pairs in op.write_pairs().items():
+                for offset, v in pairs:
+                    keys[k].acked[v] = offset
+        if op.f in ("poll", "txn") and op.type in ("ok", "info"):
+            for k, pairs in op.read_pairs().items():
+                state = keys[k]
+                for offset, v in pairs:
+                    if offset is None:
+                        continue
+                    state.offsets_of[v].add(offset)
+                    state.value_at[offset].add(v)
+                    state.read_max = max(state.read_max, offset)
+    return keys
+
+
+def analyze(ops: Iterable[Op]) -> dict[str, Any]:
+    """``{"valid", "anomalies": {name: [examples]}, "anomaly_counts", "per_key", "stats"}``."""
+    anomalies: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[str, int] = defaultdict(int)
+    per_key: dict[str, dict[str, int]] = {}
+    unseen_total = 0
+    acked_total = 0
+
+    def note(name: str, key: str, example: dict[str, Any]) -> None:
+        counts[name] += 1
+        per_key.setdefault(key, defaultdict(int))[name] += 1  # type: ignore[arg-type]
+        bucket = anomalies.setdefault(name, [])
+        if len(bucket) < EXAMPLES_MAX:
+            bucket.append({"key": key, **example})
+
+    for k, s in sorted(_scan(ops).items()):
+        acked_total += len(s.acked)
+        for v, offsets in s.offsets_of.items():
+            if len(offsets) > 1:
+                o = sorted(offsets)
+                note("duplicate", k, {"value": jsonable(v), "offsets": o,
+                                      "distance": o[1] - o[0]})
+        for offset, values in s.value_at.items():
+            if len(values) > 1:
+                note("inconsistent-offsets", k, {"offset": offset,
+                                                 "values": sorted(map(str, values))})
+        for v, offset in s.acked.items():
+            seen = s.offsets_of.get(v)
+            if seen:
+                if offset is not None and offset not in seen:
+                    note("offset-mismatch", k, {"value": jsonable(v), "acked_offset": offset,
+                                                "read_offsets": sorted(seen)})
+            elif offset is not None and offset <= s.read_max:
+                note("lost-write", k, {"value": jsonable(v), "acked_offset": offset,
+                                       "read_max": s.read_max})
+            else:
+                unseen_total += 1
+        for process, values in s.sent.items():
+            last_offset, last_value = -1, None
+            for v in values:
+                seen = s.offsets_of.get(v)
+                if not seen:
+                    continue
+                first = min(seen)
+                if first < last_offset:
+                    note("reorder", k, {"process": process, "earlier": jsonable(last_value),
+                                        "earlier_offset": last_offset, "later": jsonable(v),
+                                        "later_offset": first})
+                last_offset, last_value = max(last_offset, first), v
+    bad = [name for name in BAD if counts.get(name)]
+    valid: bool | str = False if bad else ("unknown" if unseen_total else True)
+    return {
+        "valid": valid,
+        "anomalies": anomalies,
+        "anomaly_counts": dict(counts),
+        "bad_anomaly_types": bad,
+        "per_key": {k: dict(v) for k, v in sorted(per_key.items())},
+        "stats": {"acknowledged": acked_total, "unseen": unseen_total},
+    }
