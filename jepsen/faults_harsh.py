@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import shutil
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from jepsen.db import Cluster, NodeProcess
+from jepsen.history import NEMESIS, Op
 
 HARSH_KINDS: Final = ("kill-two", "kill-burst", "wipe-disk")
 #: ``--nemesis harsh``: every way of killing; ``all`` stays as it was (campaigns comparable).
@@ -38,6 +40,11 @@ BURST_KILLS: Final = (3, 5)
 BURST_DOWN_S: Final = (1.0, 2.0)
 WIPE_TARGETS: Final = ("one", "quorum-leader", "partition-leader")
 DATA_DIR: Final = "data"
+WIPE_LOG_LINES: Final = 40
+START_MARKER: Final = re.compile(r"^--- jepsen: start #(\d+) at ([0-9.]+)")
+WIPE_LOG_PATTERN: Final = re.compile(
+    r"WARNING|ERROR|CRITICAL|Traceback|leader|truncat|ISR|meta\.properties|vote|term|"
+    r"snapshot|journal|epoch|catch|fenced|ready", re.IGNORECASE)
 
 
 def harsh_target(kind: str, rng: random.Random) -> str:
@@ -99,7 +106,7 @@ def wipe(node: NodeProcess) -> dict[str, Any]:
     path = data_dir(node)
     files, size = _usage(path)
     shutil.rmtree(path, ignore_errors=True)
-    return {"wiped": str(path), "files": files, "bytes": size}
+    return {"wiped": str(path), "files": files, "bytes": size, "at": round(time.time(), 3)}
 
 
 def apply(kind: str, target: str, cluster: Cluster, rng: random.Random,
@@ -126,6 +133,49 @@ def apply(kind: str, target: str, cluster: Cluster, rng: random.Random,
         wiped = [{"node": n, **wipe(cluster.nodes[n])} for n in hit]
         return {"kind": kind, "target": target, "nodes": hit, "wiped": wiped}, hit
     raise ValueError(f"not a harsh fault: {kind!r}")
+
+
+def wiped_starts(history: Iterable[Op]) -> list[tuple[int, float]]:
+    """``(node, wall time of the wipe)`` for every wipe the nemesis recorded."""
+    out = []
+    for op in history:
+        if op.process == NEMESIS and op.f == "start-wipe-disk" and op.type == "info" \
+                and isinstance(op.value, dict):
+            for w in op.value.get("wiped", []):
+                out.append((int(w["node"]), float(w.get("at", 0.0))))
+    return out
+
+
+def restart_lines(log_text: str, after: float, limit: int = WIPE_LOG_LINES) -> list[str]:
+    """The first ``limit`` lines worth reading of the first start after ``after``: the
+    harness's start marker, then warnings, errors and what the node says about leadership,
+    truncation, the ISR and its Raft state (pure: text in, lines out)."""
+    lines = log_text.splitlines()
+    start = None
+    for i, line in enumerate(lines):
+        m = START_MARKER.match(line)
+        if m and float(m.group(2)) >= after:
+            start = i
+            break
+    if start is None:
+        return []
+    picked = [lines[start]]
+    for line in lines[start + 1:]:
+        if START_MARKER.match(line) or len(picked) >= limit:
+            break
+        if WIPE_LOG_PATTERN.search(line):
+            picked.append(line)
+    return picked
+
+
+def wipe_report(directory: Path, history: Iterable[Op]) -> list[dict[str, Any]]:
+    """For each wipe: the node, when, and its log lines after the restart (``nN.log``)."""
+    report = []
+    for node, at in wiped_starts(history):
+        path = directory / f"n{node}.log"
+        text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+        report.append({"node": node, "at": at, "restart_log": restart_lines(text, at)})
+    return report
 
 
 def undo(cluster: Cluster, nodes: Sequence[int]) -> None:

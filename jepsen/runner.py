@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-from jepsen import plots, report
+from jepsen import faults_harsh, plots, report
 from jepsen.db import UNSAFE_PROPERTIES, Cluster
 from jepsen.history import NEMESIS, HistoryWriter, Op, OpType, read_jsonl
 from jepsen.metrics import read_samples
@@ -199,6 +199,12 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             signal.signal(signal.SIGINT,
                           previous_int if previous_int is not None else signal.SIG_DFL)
+    wipes = faults_harsh.wipe_report(directory, read_jsonl(directory / "history.jsonl")) \
+        if "wipe-disk" in opts.nemesis else []
+    if wipes:  # what each wiped node said when it came back (docs/jepsen.md, wipe-disk)
+        results["test"]["wipe_disk"] = wipes
+        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
+                                                encoding="utf-8")
     problems = _log_problems(directory)
     if problems:
         # Not part of validity, but a traceback in a node's log is a bug worth a look.

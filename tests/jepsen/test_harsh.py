@@ -150,3 +150,23 @@ def test_check_saturated_runs_the_full_checker_only_on_small_histories() -> None
     assert small["valid"] is True and small["full_check"]["valid"] is True
     big = check_saturated(h.history(), full_max_values=1)
     assert big["full_check"].startswith("skipped: 2 values")
+
+
+def test_wipe_report_reads_the_restart_after_the_wipe(tmp_path: Path) -> None:
+    h = HistoryBuilder()
+    h.invoke("nemesis", "start-wipe-disk", {"kind": "wipe-disk", "target": "one"})
+    h.info("nemesis", "start-wipe-disk",
+           {"kind": "wipe-disk", "nodes": [2], "wiped": [{"node": 2, "at": 100.5}]})
+    assert faults_harsh.wiped_starts(h.ops) == [(2, 100.5)]
+    log = "\n".join([
+        "--- jepsen: start #1 at 50.000", "INFO partition jepsen-0: leader at epoch 1",
+        "--- jepsen: start #2 at 101.000", "INFO nothing to see",
+        "INFO partition jepsen-0: leader at epoch 3, ISR [2], offsets [0, 0), HW 0",
+        "WARNING something", "--- jepsen: start #3 at 200.000", "WARNING later"])
+    (tmp_path / "n2.log").write_text(log)
+    report = faults_harsh.wipe_report(tmp_path, h.ops)
+    assert report == [{"node": 2, "at": 100.5, "restart_log": [
+        "--- jepsen: start #2 at 101.000",
+        "INFO partition jepsen-0: leader at epoch 3, ISR [2], offsets [0, 0), HW 0",
+        "WARNING something"]}]
+    assert faults_harsh.restart_lines(log, 300.0) == []
