@@ -11,8 +11,10 @@
 * ``wipe-disk``: SIGKILL one node (``one``, ``quorum-leader`` or ``partition-leader``),
   delete its whole data directory (``log.dirs``, which is also ``metadata.log.dir``: the
   partition logs and ``__cluster_metadata-0/`` with the Raft journal, snapshot and
-  ``meta.properties``), and restart it with the same ``node.id`` when the fault stops: a
-  machine replaced by an empty one. What was deleted (files, bytes) is recorded.
+  ``meta.properties``), and restart it with the same ``node.id``: at once (half of the
+  faults: back within the 1.5 s broker session, so the controller may never see it gone) or
+  when the fault stops (a machine replaced after a while). What was deleted (files, bytes)
+  and which restart are recorded.
 
 The choices (:func:`burst_plan`, :func:`pick_two`, :func:`harsh_fault`) are pure and seeded;
 :func:`apply` and :func:`undo` are the I/O.
@@ -39,6 +41,7 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {"harsh": ("kill", "kill-two", "kil
 BURST_KILLS: Final = (3, 5)
 BURST_DOWN_S: Final = (1.0, 2.0)
 WIPE_TARGETS: Final = ("one", "quorum-leader", "partition-leader")
+WIPE_RESTART_AT_ONCE: Final = 0.0
 DATA_DIR: Final = "data"
 WIPE_LOG_LINES: Final = 40
 START_MARKER: Final = re.compile(r"^--- jepsen: start #(\d+) at ([0-9.]+)")
@@ -47,14 +50,16 @@ WIPE_LOG_PATTERN: Final = re.compile(
     r"snapshot|journal|epoch|catch|fenced|ready", re.IGNORECASE)
 
 
-def harsh_target(kind: str, rng: random.Random) -> str:
-    """The planned target of a harsh fault kind."""
+def harsh_target(kind: str, rng: random.Random) -> tuple[str, float]:
+    """The planned ``(target, offset_s)`` of a harsh fault kind. For ``wipe-disk``,
+    ``offset_s`` 0 restarts the node at once (before the controller notices it was gone,
+    ``WIPE_RESTART_AT_ONCE``), 1 when the fault stops (a machine replaced after a while)."""
     if kind == "kill-two":
-        return "two"
+        return "two", 0.0
     if kind == "kill-burst":
-        return "burst"
+        return "burst", 0.0
     if kind == "wipe-disk":
-        return rng.choice(WIPE_TARGETS)
+        return rng.choice(WIPE_TARGETS), float(rng.randint(0, 1))
     raise ValueError(f"not a harsh fault: {kind!r}")
 
 
@@ -109,7 +114,7 @@ def wipe(node: NodeProcess) -> dict[str, Any]:
     return {"wiped": str(path), "files": files, "bytes": size, "at": round(time.time(), 3)}
 
 
-def apply(kind: str, target: str, cluster: Cluster, rng: random.Random,
+def apply(kind: str, target: str, offset_s: float, cluster: Cluster, rng: random.Random,
           victims: Callable[[str], list[int]],
           sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, Any], list[int]]:
     """Start a harsh fault: ``(recorded value, nodes to restart when it stops)``.
@@ -131,7 +136,12 @@ def apply(kind: str, target: str, cluster: Cluster, rng: random.Random,
     if kind == "wipe-disk":
         hit = victims(target)[:1]
         wiped = [{"node": n, **wipe(cluster.nodes[n])} for n in hit]
-        return {"kind": kind, "target": target, "nodes": hit, "wiped": wiped}, hit
+        at_once = offset_s == WIPE_RESTART_AT_ONCE
+        if at_once:
+            for n in hit:
+                cluster.nodes[n].start()
+        return {"kind": kind, "target": target, "nodes": hit, "wiped": wiped,
+                "restart": "at-once" if at_once else "at-stop"}, hit
     raise ValueError(f"not a harsh fault: {kind!r}")
 
 

@@ -48,7 +48,7 @@ class Fault:
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "target": self.target}
-        if self.kind == "clock":
+        if self.kind in ("clock", "wipe-disk"):
             d["offset_s"] = self.offset_s
         return d
 
@@ -97,7 +97,7 @@ def plan(kinds: Sequence[str], rng: random.Random, time_limit_s: float, interval
 
 def _fault(kind: str, rng: random.Random) -> Fault:
     if kind in faults_harsh.HARSH_KINDS:
-        return Fault(kind, faults_harsh.harsh_target(kind, rng))
+        return Fault(kind, *faults_harsh.harsh_target(kind, rng))
     if kind == "partition":
         return Fault(kind, rng.choice(PARTITION_TARGETS))
     if kind == "clock":
@@ -193,8 +193,8 @@ class Nemesis:
             cut = sorted(n for n, drops in g.items() if drops)
             return {**fault.describe(), "grudge": {str(n): sorted(d) for n, d in g.items()}}, cut
         if fault.kind in faults_harsh.HARSH_KINDS:
-            return faults_harsh.apply(fault.kind, fault.target, self.cluster, self.rng,
-                                      self._victims)
+            return faults_harsh.apply(fault.kind, fault.target, fault.offset_s, self.cluster,
+                                      self.rng, self._victims)
         victims = self._victims(fault.target)
         for n in victims:
             node = self.cluster.nodes[n]

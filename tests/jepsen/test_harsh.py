@@ -37,8 +37,10 @@ def test_plan_gives_harsh_faults_their_targets() -> None:
         elif f.kind == "kill-burst":
             assert f.target == "burst"
         else:
-            assert f.target in faults_harsh.WIPE_TARGETS
-    assert Fault("wipe-disk", "one").describe() == {"kind": "wipe-disk", "target": "one"}
+            assert f.target in faults_harsh.WIPE_TARGETS and f.offset_s in (0.0, 1.0)
+    assert {f.offset_s for f in faults if f.kind == "wipe-disk"} == {0.0, 1.0}
+    assert Fault("wipe-disk", "one", 1.0).describe() == {"kind": "wipe-disk", "target": "one",
+                                                         "offset_s": 1.0}
 
 
 def test_pick_two_is_two_distinct_nodes() -> None:
@@ -70,6 +72,7 @@ def test_wipe_deletes_the_data_directory_and_says_what_was_there(tmp_path: Path)
     (tmp_path / "data" / "jepsen-0" / "00000.log").write_bytes(b"y" * 5)
     (tmp_path / "server.properties").write_text("node.id=1\n")
     out = faults_harsh.wipe(node)
+    assert out.pop("at") > 0
     assert out == {"wiped": str(tmp_path / "data"), "files": 2, "bytes": 15}
     assert not (tmp_path / "data").exists()
     assert (tmp_path / "server.properties").exists()  # same node.id on restart
