@@ -195,8 +195,10 @@ def header_line(name: str, settings: dict[str, Any], rows: Sequence[dict[str, An
              f"{finished[-1][:16].replace('T', ' ')} UTC" if started and finished
              else "no dated runs")
     return (f"Campaign {name}: {done} of {target} runs done, {settings['nodes']} nodes, "
-            f"{settings['time_limit']:.0f} s each, rate {settings['rate']:.0f}/s, "
-            f"concurrency {settings['concurrency']}, fault interval "
+            f"{settings['time_limit']:.0f} s each, "
+            + ("saturating load (idempotent producers), " if settings.get("load") == "saturate"
+               else f"rate {settings['rate']:.0f}/s, ")
+            + f"concurrency {settings['concurrency']}, fault interval "
             f"{settings['interval']:.0f} s"
             + (", UNSAFE cluster" if settings["unsafe"] else "")
             + (", secured (SASL_SSL + SCRAM, node-to-node TLS)" if settings.get("secure")

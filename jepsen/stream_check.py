@@ -82,7 +82,7 @@ def analyze(ops: Iterable[Op]) -> dict[str, Any]:
 
     def note(name: str, key: str, example: dict[str, Any]) -> None:
         counts[name] += 1
-        per_key.setdefault(key, defaultdict(int))[name] += 1  # type: ignore[arg-type]
+        per_key.setdefault(key, defaultdict(int))[name] += 1
         bucket = anomalies.setdefault(name, [])
         if len(bucket) < EXAMPLES_MAX:
             bucket.append({"key": key, **example})
@@ -94,24 +94,23 @@ def analyze(ops: Iterable[Op]) -> dict[str, Any]:
                 o = sorted(offsets)
                 note("duplicate", k, {"value": jsonable(v), "offsets": o,
                                       "distance": o[1] - o[0]})
-        for offset, values in s.value_at.items():
-            if len(values) > 1:
-                note("inconsistent-offsets", k, {"offset": offset,
-                                                 "values": sorted(map(str, values))})
-        for v, offset in s.acked.items():
+        for at, held in s.value_at.items():
+            if len(held) > 1:
+                note("inconsistent-offsets", k, {"offset": at, "values": sorted(map(str, held))})
+        for v, acked_at in s.acked.items():
             seen = s.offsets_of.get(v)
             if seen:
-                if offset is not None and offset not in seen:
-                    note("offset-mismatch", k, {"value": jsonable(v), "acked_offset": offset,
+                if acked_at is not None and acked_at not in seen:
+                    note("offset-mismatch", k, {"value": jsonable(v), "acked_offset": acked_at,
                                                 "read_offsets": sorted(seen)})
-            elif offset is not None and offset <= s.read_max:
-                note("lost-write", k, {"value": jsonable(v), "acked_offset": offset,
+            elif acked_at is not None and acked_at <= s.read_max:
+                note("lost-write", k, {"value": jsonable(v), "acked_offset": acked_at,
                                        "read_max": s.read_max})
             else:
                 unseen_total += 1
-        for process, values in s.sent.items():
+        for process, in_order in s.sent.items():
             last_offset, last_value = -1, None
-            for v in values:
+            for v in in_order:
                 seen = s.offsets_of.get(v)
                 if not seen:
                     continue

@@ -94,6 +94,8 @@ def check_saturated(history: History, full_max_values: int = FULL_CHECK_MAX_VALU
     sent = sum(len(vs) for op in history if op.is_invoke and op.f == "send"
                for vs in op.writes().values())
     result["stats"]["sent_values"] = sent
+    result["stats"]["operations"] = {"ok": sum(1 for op in history if op.is_ok and
+                                               op.f in ("send", "poll"))}
     if sent <= full_max_values:
         full = check(history, CheckerOptions())
         result["full_check"] = {k: full.get(k) for k in ("valid", "anomaly_counts",
