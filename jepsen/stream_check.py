@@ -8,10 +8,14 @@ The properties an idempotent producer promises are simpler and need one pass:
 * ``duplicate``: one value stored at two (or more) offsets of a partition. Values are unique,
   so any second copy is a duplicate (the issue's "same record at offsets 18330 and 18345").
 * ``reorder``: two values one producer (one client process: one producer instance, hence one
-  producer id) sent to the same partition, in that order, stored in the opposite order.
+  producer id) sent to the same partition, in that order, stored in the opposite order (by
+  their first offsets in the final reads, or in every read when there are none).
   An idempotent producer keeps send order within a partition, retries included.
 * ``lost-write``: a value whose send was acknowledged (``ok``) and that no read found,
-  although a read of its partition reached past the acknowledged offset.
+  although a read of its partition reached past the acknowledged offset. When the history
+  has final reads (polls after the nemesis's ``heal``), they decide: a value they did not
+  return although they read past its offset is lost even if an earlier poll saw it (a log
+  rewritten under the readers, as after a wiped leader).
 * ``inconsistent-offsets``: two different values read at the same offset of a partition.
 * ``offset-mismatch``: a value acknowledged at one offset and read at another.
 * ``unseen`` (not an error): acknowledged values past the last offset any read reached; the
@@ -29,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from jepsen.history import Op
+from jepsen.history import NEMESIS, Op
 from jepsen.ops import jsonable
 
 BAD: Final = ("duplicate", "reorder", "lost-write", "inconsistent-offsets", "offset-mismatch")
@@ -43,6 +47,10 @@ class _Key:
     offsets_of: dict[Any, set[int]] = field(default_factory=lambda: defaultdict(set))
     value_at: dict[int, set[Any]] = field(default_factory=lambda: defaultdict(set))
     read_max: int = -1
+    # what the final reads (every poll after the nemesis's ``heal``) returned
+    final_values: set[Any] = field(default_factory=set)
+    final_offsets_of: dict[Any, set[int]] = field(default_factory=lambda: defaultdict(set))
+    final_max: int = -1
     acked: dict[Any, int | None] = field(default_factory=dict)
     # process -> values in the order that process sent them
     sent: dict[Any, list[Any]] = field(default_factory=lambda: defaultdict(list))
@@ -50,7 +58,10 @@ class _Key:
 
 def _scan(ops: Iterable[Op]) -> dict[str, _Key]:
     keys: dict[str, _Key] = defaultdict(_Key)
+    healed = False
     for op in ops:
+        if op.process == NEMESIS and op.f == "heal":
+            healed = True
         if not op.is_client:
             continue
         if op.f in ("send", "txn") and op.type == "invoke":
@@ -69,6 +80,10 @@ def _scan(ops: Iterable[Op]) -> dict[str, _Key]:
                     state.offsets_of[v].add(offset)
                     state.value_at[offset].add(v)
                     state.read_max = max(state.read_max, offset)
+                    if healed:
+                        state.final_values.add(v)
+                        state.final_offsets_of[v].add(offset)
+                        state.final_max = max(state.final_max, offset)
     return keys
 
 
@@ -99,7 +114,15 @@ def analyze(ops: Iterable[Op]) -> dict[str, Any]:
                 note("inconsistent-offsets", k, {"offset": at, "values": sorted(map(str, held))})
         for v, acked_at in s.acked.items():
             seen = s.offsets_of.get(v)
-            if seen:
+            if s.final_max >= 0 and v not in s.final_values and acked_at is not None \
+                    and acked_at <= s.final_max:
+                # Read before (perhaps), but gone from the log the final reads read.
+                note("lost-write", k, {"value": jsonable(v), "acked_offset": acked_at,
+                                       "final_read_max": s.final_max,
+                                       "read_earlier_at": sorted(seen or ())})
+            elif s.final_max >= 0 and v not in s.final_values:
+                unseen_total += 1
+            elif seen:
                 if acked_at is not None and acked_at not in seen:
                     note("offset-mismatch", k, {"value": jsonable(v), "acked_offset": acked_at,
                                                 "read_offsets": sorted(seen)})
@@ -108,10 +131,13 @@ def analyze(ops: Iterable[Op]) -> dict[str, Any]:
                                        "read_max": s.read_max})
             else:
                 unseen_total += 1
+        # Order as the final reads saw it when there are any (a log rewritten during the run
+        # would otherwise mix offsets of two histories).
+        stored = s.final_offsets_of if s.final_max >= 0 else s.offsets_of
         for process, in_order in s.sent.items():
             last_offset, last_value = -1, None
             for v in in_order:
-                seen = s.offsets_of.get(v)
+                seen = stored.get(v)
                 if not seen:
                     continue
                 first = min(seen)

@@ -173,3 +173,25 @@ def test_wipe_report_reads_the_restart_after_the_wipe(tmp_path: Path) -> None:
         "INFO partition jepsen-0: leader at epoch 3, ISR [2], offsets [0, 0), HW 0",
         "WARNING something"]}]
     assert faults_harsh.restart_lines(log, 300.0) == []
+
+
+def test_stream_check_trusts_the_final_reads_over_earlier_polls() -> None:
+    # A poll saw 1 and 2 at offsets 0 and 1; then the log was rewritten (a wiped leader):
+    # the final reads (after the nemesis's heal) find 3 at offset 0 and nothing else.
+    h = HistoryBuilder()
+    h.invoke(0, "send", [["send", "k", 1], ["send", "k", 2]])
+    h.ok(0, "send", [["send", "k", [0, 1]], ["send", "k", [1, 2]]])
+    h.invoke(1, "poll", [["poll"]])
+    h.ok(1, "poll", [["poll", {"k": [[0, 1], [1, 2]]}]])
+    h.invoke(0, "send", [["send", "k", 3]])
+    h.ok(0, "send", [["send", "k", [0, 3]]])
+    h.invoke("nemesis", "heal", None)
+    h.info("nemesis", "heal", None)
+    h.invoke(2, "poll", [["poll"]])
+    h.ok(2, "poll", [["poll", {"k": [[0, 3]]}]])
+    out = stream_check.analyze(h.ops)
+    assert out["valid"] is False
+    assert out["anomaly_counts"] == {"inconsistent-offsets": 1, "lost-write": 1}
+    assert out["anomalies"]["lost-write"][0] == {
+        "key": "k", "value": 1, "acked_offset": 0, "final_read_max": 0, "read_earlier_at": [0]}
+    assert out["stats"]["unseen"] == 1  # 2, acknowledged at 1, beyond the rewritten log
