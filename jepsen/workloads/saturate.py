@@ -12,7 +12,8 @@ back from the beginning.
 
 The check is :mod:`jepsen.stream_check` (linear: duplicates, reorderings within a producer,
 lost acknowledged writes, per partition); Jepsen's full checker also runs when the history
-holds at most ``FULL_CHECK_MAX_VALUES`` sent values (its cycle search is too slow beyond).
+holds at most ``FULL_CHECK_MAX_VALUES`` sent values (3.2 s on 150,000 values of a clean
+synthetic history, 1.2 s on a real 51,400-value run; beyond, its cycle search may not scale).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from jepsen.workloads.queue import (
 
 SEND_VALUES: Final = 100
 BATCH_MESSAGES: Final = 10
-FULL_CHECK_MAX_VALUES: Final = 20_000
+FULL_CHECK_MAX_VALUES: Final = 500_000
 
 SATURATE_PRODUCER: Final[dict[str, Any]] = {
     "enable.idempotence": True,
