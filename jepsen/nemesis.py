@@ -14,10 +14,12 @@ Fault kinds and their targets:
 * ``clock``: step one node's wall clock by a random offset (see :mod:`raftlog.clock`); the
   offset goes back to 0 when the fault stops.
 
-``--nemesis`` takes ``none``, one kind, a comma-separated list, or ``all`` (every kind, one or
-two kinds at a time). Every start and stop is recorded in the history as a ``nemesis``
-operation: an ``invoke`` with the planned fault and an ``info`` completion with the nodes it
-actually hit.
+* ``kill-two``, ``kill-burst``, ``wipe-disk``: see :mod:`jepsen.faults_harsh`.
+
+``--nemesis`` takes ``none``, one kind, a comma-separated list, ``all`` (kill, pause,
+partition and clock, one or two kinds at a time) or ``harsh`` (kill, kill-two, kill-burst).
+Every start and stop is recorded in the history as a ``nemesis`` operation: an ``invoke``
+with the planned fault and an ``info`` completion with the nodes it actually hit.
 """
 
 from __future__ import annotations
