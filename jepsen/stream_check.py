@@ -19,7 +19,11 @@ The properties an idempotent producer promises are simpler and need one pass:
 * ``inconsistent-offsets``: two different values read at the same offset of a partition.
 * ``offset-mismatch``: a value acknowledged at one offset and read at another.
 * ``unseen`` (not an error): acknowledged values past the last offset any read reached; the
-  verdict is then ``"unknown"`` unless something invalid was found.
+  verdict is then ``"unknown"`` unless something invalid was found. Those acknowledged with
+  no offset (librdkafka reports a batch answered ``DUPLICATE_SEQUENCE_NUMBER`` as delivered,
+  offset unknown) and absent from the final reads are also listed as
+  ``unseen-acked-without-offset``: lost, if the run's notes say the final reads reached every
+  high watermark.
 
 Everything is computed from ``ok`` send completions, the invocations of every send (send
 order of each process) and every poll completion (``ok`` or ``info``; the final reads
@@ -122,6 +126,11 @@ def analyze(ops: Iterable[Op]) -> dict[str, Any]:
                                        "read_earlier_at": sorted(seen or ())})
             elif s.final_max >= 0 and v not in s.final_values:
                 unseen_total += 1
+                if acked_at is None:
+                    # librdkafka reports a batch the broker answered DUPLICATE_SEQUENCE_NUMBER
+                    # as delivered with no offset; absent from complete final reads, it is lost.
+                    note("unseen-acked-without-offset", k, {"value": jsonable(v),
+                                                            "final_read_max": s.final_max})
             elif seen:
                 if acked_at is not None and acked_at not in seen:
                     note("offset-mismatch", k, {"value": jsonable(v), "acked_offset": acked_at,

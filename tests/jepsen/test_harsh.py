@@ -195,3 +195,17 @@ def test_stream_check_trusts_the_final_reads_over_earlier_polls() -> None:
     assert out["anomalies"]["lost-write"][0] == {
         "key": "k", "value": 1, "acked_offset": 0, "final_read_max": 0, "read_earlier_at": [0]}
     assert out["stats"]["unseen"] == 1  # 2, acknowledged at 1, beyond the rewritten log
+
+
+def test_stream_check_lists_acknowledged_batches_without_offset_the_final_reads_miss() -> None:
+    h = HistoryBuilder()
+    h.invoke(0, "send", [["send", "k", 1], ["send", "k", 2]])
+    h.ok(0, "send", [["send", "k", [0, 1]], ["send", "k", [None, 2]]])
+    h.invoke("nemesis", "heal", None)
+    h.info("nemesis", "heal", None)
+    h.invoke(2, "poll", [["poll"]])
+    h.ok(2, "poll", [["poll", {"k": [[0, 1]]}]])
+    out = stream_check.analyze(h.ops)
+    assert out["valid"] == "unknown" and out["bad_anomaly_types"] == []
+    assert out["anomalies"]["unseen-acked-without-offset"] == [
+        {"key": "k", "value": 2, "final_read_max": 0}]
