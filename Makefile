@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,6 +50,19 @@ SEED ?= 1
 fuzz: $(STAMP)
 	RAFTLOG_FUZZ_FRAMES=$(FRAMES) RAFTLOG_FUZZ_SEED=$(SEED) RAFTLOG_FUZZ_AUTO_CREATE=true \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_fuzz.py
+
+# The idempotent-duplicate hunt (issue 19, docs/jepsen.md): saturating idempotent producers on
+# 3 nodes (RF 3, min.insync.replicas=2) under kill, kill-two and kill-burst, HUNT_RUNS seeds of
+# each, HUNT_TIME s a run; resumable (same HUNT_OUT). Needs root (network namespaces).
+HUNT_RUNS ?= 3
+HUNT_TIME ?= 40
+HUNT_SEED ?= 1900
+HUNT_OUT ?= store/hunt
+jepsen-hunt: $(STAMP) apt-test
+	$(PY) -m jepsen campaign --out $(HUNT_OUT) --workloads queue \
+		--nemeses kill,kill-two,kill-burst --load saturate --runs $(HUNT_RUNS) \
+		--seed $(HUNT_SEED) --time-limit $(HUNT_TIME) --interval 4 --concurrency 4 \
+		--final-time 60 --keep-store all
 
 bench: $(STAMP) apt-bench
 	$(PY) bench/produce_consume.py

@@ -43,9 +43,9 @@ Triple = tuple[str, str, int]
 
 # The settings that make runs comparable: resuming with different ones is refused.
 SETTINGS_KEYS: Final = ("nodes", "time_limit", "rate", "concurrency", "interval", "unsafe",
-                        "netns", "sub_via", "secure")
+                        "netns", "sub_via", "secure", "load")
 # Settings newer than some recorded campaigns, with the value those campaigns ran with.
-SETTINGS_ADDED_LATER: Final[dict[str, Any]] = {"secure": False}
+SETTINGS_ADDED_LATER: Final[dict[str, Any]] = {"secure": False, "load": "paced"}
 # What a pruned (valid) run keeps: enough to see what was checked and to re-check it.
 PRUNE_KEEP: Final = ("results.json", "history.jsonl.gz")
 EXIT_REFUSED: Final = 2
@@ -195,8 +195,10 @@ def header_line(name: str, settings: dict[str, Any], rows: Sequence[dict[str, An
              f"{finished[-1][:16].replace('T', ' ')} UTC" if started and finished
              else "no dated runs")
     return (f"Campaign {name}: {done} of {target} runs done, {settings['nodes']} nodes, "
-            f"{settings['time_limit']:.0f} s each, rate {settings['rate']:.0f}/s, "
-            f"concurrency {settings['concurrency']}, fault interval "
+            f"{settings['time_limit']:.0f} s each, "
+            + ("saturating load (idempotent producers), " if settings.get("load") == "saturate"
+               else f"rate {settings['rate']:.0f}/s, ")
+            + f"concurrency {settings['concurrency']}, fault interval "
             f"{settings['interval']:.0f} s"
             + (", UNSAFE cluster" if settings["unsafe"] else "")
             + (", secured (SASL_SSL + SCRAM, node-to-node TLS)" if settings.get("secure")

@@ -21,6 +21,9 @@ def _test_args(p: argparse.ArgumentParser) -> None:
                    help="seconds of client operations (faults included)")
     p.add_argument("--rate", type=float, default=20.0, metavar="OPS",
                    help="target operations per second, all clients together")
+    p.add_argument("--load", choices=("paced", "saturate"), default="paced",
+                   help="paced: --rate operations a second; saturate (queue): idempotent "
+                        "producers sending batches as fast as the cluster takes (--rate unused)")
     p.add_argument("--concurrency", type=int, default=4, metavar="N",
                    help="client threads (processes in the history)")
     p.add_argument("--interval", type=float, default=5.0, metavar="S",
@@ -55,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("test", help="run one test")
     t.add_argument("--workload", choices=WORKLOADS, default="queue")
     t.add_argument("--nemesis", default="none",
-                   help="none, all, or a comma-separated list of kill, pause, partition, clock")
+                   help="none, all, harsh (kill, kill-two, kill-burst), or a comma-separated "
+                        "list of kill, pause, partition, clock, kill-two, kill-burst, "
+                        "wipe-disk")
     t.add_argument("--seed", type=int, default=0)
     _test_args(t)
     c = sub.add_parser("campaign", help="many seeded runs, one table of anomalies")
@@ -88,7 +93,7 @@ def _options(args: argparse.Namespace, workload: str, nemesis: str, seed: int) -
         workload=workload, nemesis=nemesis, nodes=args.nodes, time_limit_s=args.time_limit,
         rate=args.rate, concurrency=args.concurrency, seed=seed, store=args.store,
         unsafe=args.unsafe, secure=args.secure, interval_s=args.interval, netns=args.netns,
-        sub_via=args.sub_via,
+        sub_via=args.sub_via, load=args.load,
         final_time_s=args.final_time, keep_data=args.keep_data, progress=not args.quiet)
 
 

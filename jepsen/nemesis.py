@@ -14,10 +14,12 @@ Fault kinds and their targets:
 * ``clock``: step one node's wall clock by a random offset (see :mod:`raftlog.clock`); the
   offset goes back to 0 when the fault stops.
 
-``--nemesis`` takes ``none``, one kind, a comma-separated list, or ``all`` (every kind, one or
-two kinds at a time). Every start and stop is recorded in the history as a ``nemesis``
-operation: an ``invoke`` with the planned fault and an ``info`` completion with the nodes it
-actually hit.
+* ``kill-two``, ``kill-burst``, ``wipe-disk``: see :mod:`jepsen.faults_harsh`.
+
+``--nemesis`` takes ``none``, one kind, a comma-separated list, ``all`` (kill, pause,
+partition and clock, one or two kinds at a time) or ``harsh`` (kill, kill-two, kill-burst).
+Every start and stop is recorded in the history as a ``nemesis`` operation: an ``invoke``
+with the planned fault and an ``info`` completion with the nodes it actually hit.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from jepsen import faults_harsh
 from jepsen.db import Cluster
 from jepsen.net import Grudge, Net
 from jepsen.workloads import Recorder
@@ -47,7 +50,7 @@ class Fault:
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "target": self.target}
-        if self.kind == "clock":
+        if self.kind in ("clock", "wipe-disk"):
             d["offset_s"] = self.offset_s
         return d
 
@@ -64,10 +67,12 @@ def parse_kinds(nemesis: str, network: bool) -> tuple[str, ...]:
     if nemesis in ("", "none"):
         return ()
     kinds = KINDS if nemesis == "all" else tuple(k.strip() for k in nemesis.split(","))
-    unknown = [k for k in kinds if k not in KINDS]
+    kinds = tuple(dict.fromkeys(x for k in kinds for x in faults_harsh.ALIASES.get(k, (k,))))
+    known = (*KINDS, *faults_harsh.HARSH_KINDS)
+    unknown = [k for k in kinds if k not in known]
     if unknown:
         raise ValueError(f"unknown nemesis {unknown[0]!r}; choose from none, all, "
-                         + ", ".join(KINDS))
+                         + ", ".join((*faults_harsh.ALIASES, *known)))
     if not network:
         kinds = tuple(k for k in kinds if k != "partition")
     return kinds
@@ -93,6 +98,8 @@ def plan(kinds: Sequence[str], rng: random.Random, time_limit_s: float, interval
 
 
 def _fault(kind: str, rng: random.Random) -> Fault:
+    if kind in faults_harsh.HARSH_KINDS:
+        return Fault(kind, *faults_harsh.harsh_target(kind, rng))
     if kind == "partition":
         return Fault(kind, rng.choice(PARTITION_TARGETS))
     if kind == "clock":
@@ -187,6 +194,9 @@ class Nemesis:
             self.net.partition(g)
             cut = sorted(n for n, drops in g.items() if drops)
             return {**fault.describe(), "grudge": {str(n): sorted(d) for n, d in g.items()}}, cut
+        if fault.kind in faults_harsh.HARSH_KINDS:
+            return faults_harsh.apply(fault.kind, fault.target, fault.offset_s, self.cluster,
+                                      self.rng, self._victims)
         victims = self._victims(fault.target)
         for n in victims:
             node = self.cluster.nodes[n]
@@ -215,6 +225,9 @@ class Nemesis:
     def _undo(self, kind: str, nodes: list[int]) -> None:
         if kind == "partition":
             self.net.heal()
+            return
+        if kind in faults_harsh.HARSH_KINDS:
+            faults_harsh.undo(self.cluster, nodes)
             return
         for n in nodes:
             node = self.cluster.nodes[n]

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-from jepsen import plots, report
+from jepsen import faults_harsh, plots, report
 from jepsen.db import UNSAFE_PROPERTIES, Cluster
 from jepsen.history import NEMESIS, HistoryWriter, Op, OpType, read_jsonl
 from jepsen.metrics import read_samples
@@ -62,6 +62,7 @@ class TestOptions:
     keep_data: bool = False
     progress: bool = True
     name: str | None = None
+    load: str = "paced"  # "saturate": idempotent producers as fast as the cluster takes
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -70,6 +71,14 @@ class TestOptions:
 
 
 def make_workload(opts: TestOptions) -> Workload:
+    if opts.load == "saturate":
+        if opts.workload != "queue":
+            raise ValueError("--load saturate is for the queue workload")
+        from jepsen.workloads.saturate import SaturateWorkload
+
+        return SaturateWorkload()
+    if opts.load != "paced":
+        raise ValueError(f"unknown load {opts.load!r}; choose from paced, saturate")
     if opts.workload == "queue":
         via = {"both": ("assign", "subscribe"), "assign": ("assign",),
                "subscribe": ("subscribe",)}[opts.sub_via]
@@ -190,6 +199,12 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             signal.signal(signal.SIGINT,
                           previous_int if previous_int is not None else signal.SIG_DFL)
+    wipes = faults_harsh.wipe_report(directory, read_jsonl(directory / "history.jsonl")) \
+        if "wipe-disk" in opts.nemesis else []
+    if wipes:  # what each wiped node said when it came back (docs/jepsen.md, wipe-disk)
+        results["test"]["wipe_disk"] = wipes
+        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
+                                                encoding="utf-8")
     problems = _log_problems(directory)
     if problems:
         # Not part of validity, but a traceback in a node's log is a bug worth a look.
@@ -305,7 +320,7 @@ def _sleep_until(t: float, opts: TestOptions, recorder: Recorder, nemesis: Nemes
 def _worker(index: int, opts: TestOptions, workload: Workload, view: ClusterView,
             recorder: Recorder, stop: threading.Event, notes: list[str]) -> None:
     rng = random.Random(opts.seed * 1000 + index)
-    mean_gap_s = opts.concurrency / max(opts.rate, 0.001)
+    mean_gap_s = 0.0 if opts.load == "saturate" else opts.concurrency / max(opts.rate, 0.001)
     process = recorder.new_process()
     client = None
     while not stop.is_set():
