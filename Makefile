@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean lazyfs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,6 +50,13 @@ SEED ?= 1
 fuzz: $(STAMP)
 	RAFTLOG_FUZZ_FRAMES=$(FRAMES) RAFTLOG_FUZZ_SEED=$(SEED) RAFTLOG_FUZZ_AUTO_CREATE=true \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_fuzz.py
+
+# LazyFS for the Jepsen harness's power-loss nemesis (docs/jepsen.md), built from its source
+# into .cache/lazyfs/ where /dev/fuse is usable (apt: g++ cmake libfuse3-dev fuse3 libtoml11-dev
+# libspdlog-dev). Idempotent. Not part of `make test`/CI: it clones from GitHub
+# (LAZYFS_REPO=<clone or mirror> to build from elsewhere).
+lazyfs:
+	jepsen/setup_lazyfs.sh
 
 bench: $(STAMP) apt-bench
 	$(PY) bench/produce_consume.py

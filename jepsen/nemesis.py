@@ -13,6 +13,9 @@ Fault kinds and their targets:
   Healed when the fault stops.
 * ``clock``: step one node's wall clock by a random offset (see :mod:`raftlog.clock`); the
   offset goes back to 0 when the fault stops.
+* ``power-loss`` (LazyFS only, :mod:`jepsen.faults_power`): SIGKILL, drop every write not yet
+  fsynced, restart when the fault stops. Targets ``one``, ``minority``, ``majority``, ``all``.
+  ``all`` includes it only where LazyFS is available.
 
 ``--nemesis`` takes ``none``, one kind, a comma-separated list, or ``all`` (every kind, one or
 two kinds at a time). Every start and stop is recorded in the history as a ``nemesis``
@@ -29,10 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from jepsen.db import Cluster
+from jepsen.faults_power import POWER_LOSS, POWER_TARGETS, apply_power_loss, power_victims
 from jepsen.net import Grudge, Net
 from jepsen.workloads import Recorder
 
-KINDS: Final = ("kill", "pause", "partition", "clock")
+KINDS: Final = ("kill", "pause", "partition", "clock", POWER_LOSS)
 PROCESS_TARGETS: Final = ("one", "minority", "quorum-leader", "partition-leader")
 PARTITION_TARGETS: Final = ("halves", "one", "quorum-leader", "partition-leader", "bridge")
 CLOCK_OFFSETS_S: Final = (-300.0, -60.0, -5.0, 5.0, 60.0, 300.0)
@@ -59,8 +63,9 @@ class Step:
     faults: tuple[Fault, ...]
 
 
-def parse_kinds(nemesis: str, network: bool) -> tuple[str, ...]:
-    """``none`` / ``all`` / ``kill,partition`` -> the fault kinds to use."""
+def parse_kinds(nemesis: str, network: bool, power_loss: bool = False) -> tuple[str, ...]:
+    """``none`` / ``all`` / ``kill,partition`` -> the fault kinds to use. ``all`` includes
+    ``power-loss`` only with ``power_loss`` (LazyFS mounts available)."""
     if nemesis in ("", "none"):
         return ()
     kinds = KINDS if nemesis == "all" else tuple(k.strip() for k in nemesis.split(","))
@@ -70,6 +75,8 @@ def parse_kinds(nemesis: str, network: bool) -> tuple[str, ...]:
                          + ", ".join(KINDS))
     if not network:
         kinds = tuple(k for k in kinds if k != "partition")
+    if nemesis == "all" and not power_loss:
+        kinds = tuple(k for k in kinds if k != POWER_LOSS)
     return kinds
 
 
@@ -97,6 +104,8 @@ def _fault(kind: str, rng: random.Random) -> Fault:
         return Fault(kind, rng.choice(PARTITION_TARGETS))
     if kind == "clock":
         return Fault(kind, "one", rng.choice(CLOCK_OFFSETS_S))
+    if kind == POWER_LOSS:
+        return Fault(kind, rng.choice(POWER_TARGETS))
     return Fault(kind, rng.choice(PROCESS_TARGETS))
 
 
@@ -187,6 +196,14 @@ class Nemesis:
             self.net.partition(g)
             cut = sorted(n for n, drops in g.items() if drops)
             return {**fault.describe(), "grudge": {str(n): sorted(d) for n, d in g.items()}}, cut
+        if fault.kind == POWER_LOSS:
+            mounts = self.cluster.lazyfs
+            if mounts is None:
+                raise RuntimeError("power-loss needs the data directories on LazyFS")
+            victims = power_victims(fault.target, self.cluster.node_ids, self.rng)
+            done = apply_power_loss(victims, lambda n: self.cluster.nodes[n].kill(),
+                                    mounts.clear_cache)
+            return {**fault.describe(), **done}, victims
         victims = self._victims(fault.target)
         for n in victims:
             node = self.cluster.nodes[n]
@@ -218,7 +235,7 @@ class Nemesis:
             return
         for n in nodes:
             node = self.cluster.nodes[n]
-            if kind == "kill":
+            if kind in ("kill", POWER_LOSS):
                 node.start()
             elif kind == "pause":
                 node.resume()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import random
 import shutil
 import signal
@@ -25,8 +26,10 @@ from types import FrameType
 from typing import Any, Final
 
 from jepsen import plots, report
-from jepsen.db import UNSAFE_PROPERTIES, Cluster
+from jepsen.db import UNSAFE_FSYNC_PROPERTIES, UNSAFE_PROPERTIES, Cluster
+from jepsen.faults_power import may_use_power_loss, wants_power_loss
 from jepsen.history import NEMESIS, HistoryWriter, Op, OpType, read_jsonl
+from jepsen.lazyfs import check_available, sweep_stale_mounts
 from jepsen.metrics import read_samples
 from jepsen.metrics import summary as metrics_summary
 from jepsen.nemesis import Nemesis, parse_kinds, plan
@@ -54,6 +57,7 @@ class TestOptions:
     seed: int = 0
     store: Path = Path("store")
     unsafe: bool = False
+    unsafe_fsync: bool = False  # harness-only: acknowledge without fsync (power-loss check)
     secure: bool = False  # SASL_SSL with SCRAM everywhere, between nodes too
     interval_s: float = 5.0
     netns: bool = True
@@ -152,6 +156,10 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
     """Run one test; returns ``results.json``'s contents (also written to the store)."""
     workload = make_workload(opts)
     parse_kinds(opts.nemesis, True)  # bad --nemesis: fail before starting anything
+    lazyfs_binary, lazyfs_reason = (check_available(os.environ)
+                                    if may_use_power_loss(opts.nemesis) else (None, None))
+    if wants_power_loss(opts.nemesis) and lazyfs_binary is None:
+        raise ValueError(f"--nemesis power-loss cannot run here: {lazyfs_reason}")
     directory = store_directory(opts)
     run_id = f"{opts.seed}-{directory.name[-6:].replace('.', '')}"
     installed = threading.current_thread() is threading.main_thread()
@@ -169,8 +177,15 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             net.teardown()
             net = LoopbackNet(reason=f"namespace set-up failed: {exc}")
         extra = dict(UNSAFE_PROPERTIES) if opts.unsafe else {}
+        if opts.unsafe_fsync:
+            extra.update(UNSAFE_FSYNC_PROPERTIES)
         cluster = Cluster.create(directory / "cluster", opts.nodes, net, extra,
                                  secure=opts.secure)
+        if lazyfs_binary is not None:
+            sweep_stale_mounts()
+            cluster.mount_lazyfs(lazyfs_binary, directory / "lazyfs")
+        elif lazyfs_reason is not None:
+            cluster.harness_notes.append(f"power-loss faults skipped: {lazyfs_reason}")
         cluster.start_all()
         cluster.wait_ready()
         view = ClusterView(cluster.bootstrap,
@@ -190,6 +205,10 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             signal.signal(signal.SIGINT,
                           previous_int if previous_int is not None else signal.SIG_DFL)
+    if cluster is not None and cluster.harness_notes:
+        results["test"]["notes"] += cluster.harness_notes
+        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
+                                                encoding="utf-8")
     problems = _log_problems(directory)
     if problems:
         # Not part of validity, but a traceback in a node's log is a bug worth a look.
@@ -237,7 +256,7 @@ def _drive(opts: TestOptions, workload: Workload, view: ClusterView, cluster: Cl
 def _drive_recorded(opts: TestOptions, workload: Workload, view: ClusterView, cluster: Cluster,
                     net: Net, recorder: Recorder) -> _Drive:
     rng = random.Random(opts.seed)
-    kinds = parse_kinds(opts.nemesis, net.namespaces)
+    kinds = parse_kinds(opts.nemesis, net.namespaces, power_loss=cluster.lazyfs is not None)
     topic = TOPIC if opts.workload in ("queue", "txn") else None
     nemesis = Nemesis(cluster, net, recorder, random.Random(opts.seed + 1), topic)
     steps = plan(kinds, rng, opts.time_limit_s, opts.interval_s,
