@@ -79,12 +79,16 @@ def config_text(fifo: Path, fifo_completed: Path, logfile: Path,
     )
 
 
-def mount_command(binary: Path, mountpoint: Path, root: Path, config: Path,
+def mount_command(binary: Path, mountpoint: Path, root: Path, config_name: str,
                   fsname: str) -> list[str]:
-    """What ``lazyfs/scripts/mount-lazyfs.sh -f`` runs, plus a recognisable ``fsname``."""
-    return [str(binary), str(mountpoint), "--config-path", str(config),
-            "-o", "allow_other", "-o", "modules=subdir", "-o", f"subdir={root}",
-            "-o", f"fsname={fsname}", "-f"]
+    """What ``lazyfs/scripts/mount-lazyfs.sh -f`` runs, plus a recognisable ``fsname``.
+
+    Two quirks of LazyFS's ``main``: a ``--config-path`` whose text contains ``-o`` anywhere
+    (``/tmp/pytest-of-root/...``) is taken for a missing one, so the config is named relative
+    to the process's working directory; and it keeps at most 10 arguments, so the FUSE
+    options go in one ``-o``."""
+    options = f"allow_other,modules=subdir,subdir={root},fsname={fsname}"
+    return [str(binary), str(mountpoint), "--config-path", config_name, "-o", options, "-f"]
 
 
 def unmount_commands(mountpoint: Path) -> list[list[str]]:
@@ -229,7 +233,7 @@ class LazyFsMount:
         config = self.work / "lazyfs.toml"
         config.write_text(config_text(self.fifo, self.fifo_completed, self.log),
                           encoding="utf-8")
-        command = mount_command(self.binary, self.mountpoint, self.root, config,
+        command = mount_command(self.binary, self.mountpoint, self.root, config.name,
                                 f"{FSNAME_PREFIX}{os.getpid()}")
         with (self.work / "lazyfs.out").open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,

@@ -54,7 +54,10 @@ fi
 mkdir -p "$PREFIX"
 if [ ! -d "$SRC/.git" ]; then
     rm -rf "$SRC"
-    git clone -q "$REPO" "$SRC"
+    # Only what the build needs (lazyfs/, libs/): the test data and reproduced-bug scripts
+    # are large, and some mirrors omit the largest files.
+    git clone -q --no-checkout "$REPO" "$SRC"
+    git -C "$SRC" sparse-checkout set lazyfs libs
 fi
 if ! git -C "$SRC" cat-file -e "$REV^{commit}" 2>/dev/null; then
     git -C "$SRC" fetch -q origin
@@ -69,11 +72,16 @@ cat >"$shim/toml11/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.10)
 project(toml11_debian CXX)
 find_package(toml11 3.7 REQUIRED)
+set_target_properties(toml11::toml11 PROPERTIES IMPORTED_GLOBAL TRUE)
 EOF
 cat >"$shim/spdlog/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.10)
 project(spdlog_debian CXX)
 find_package(spdlog 1.10 REQUIRED)
+set_target_properties(spdlog::spdlog PROPERTIES IMPORTED_GLOBAL TRUE)
+if(TARGET fmt::fmt)
+  set_target_properties(fmt::fmt PROPERTIES IMPORTED_GLOBAL TRUE)
+endif()
 add_library(spdlog INTERFACE)
 target_link_libraries(spdlog INTERFACE spdlog::spdlog)
 EOF
