@@ -65,11 +65,3 @@ def apply_power_loss(victims: Sequence[int], kill: Callable[[int], None],
         out["errors"] = errors
     return out
 
-
-def describe_availability(binary: object | None, reason: str | None,
-                          nemesis: str) -> str | None:
-    """A note for the results when ``all`` runs without power-loss faults."""
-    if binary is None and nemesis == "all":
-        return f"power-loss faults skipped: {reason}"
-    return None
-
