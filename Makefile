@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -63,6 +63,13 @@ jepsen-hunt: $(STAMP) apt-test
 		--nemeses kill,kill-two,kill-burst --load saturate --runs $(HUNT_RUNS) \
 		--seed $(HUNT_SEED) --time-limit $(HUNT_TIME) --interval 4 --concurrency 4 \
 		--final-time 60 --keep-store all
+
+# LazyFS for the Jepsen harness's power-loss nemesis (docs/jepsen.md), built from its source
+# into .cache/lazyfs/ where /dev/fuse is usable (apt: g++ cmake libfuse3-dev fuse3 libtoml11-dev
+# libspdlog-dev). Idempotent. Not part of `make test`/CI: it clones from GitHub
+# (LAZYFS_REPO=<clone or mirror> to build from elsewhere).
+lazyfs:
+	jepsen/setup_lazyfs.sh
 
 bench: $(STAMP) apt-bench
 	$(PY) bench/produce_consume.py

@@ -43,9 +43,10 @@ Triple = tuple[str, str, int]
 
 # The settings that make runs comparable: resuming with different ones is refused.
 SETTINGS_KEYS: Final = ("nodes", "time_limit", "rate", "concurrency", "interval", "unsafe",
-                        "netns", "sub_via", "secure", "load")
+                        "netns", "sub_via", "secure", "load", "unsafe_fsync")
 # Settings newer than some recorded campaigns, with the value those campaigns ran with.
-SETTINGS_ADDED_LATER: Final[dict[str, Any]] = {"secure": False, "load": "paced"}
+SETTINGS_ADDED_LATER: Final[dict[str, Any]] = {"secure": False, "load": "paced",
+                                               "unsafe_fsync": False}
 # What a pruned (valid) run keeps: enough to see what was checked and to re-check it.
 PRUNE_KEEP: Final = ("results.json", "history.jsonl.gz")
 EXIT_REFUSED: Final = 2

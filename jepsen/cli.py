@@ -32,6 +32,9 @@ def _test_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unsafe", action="store_true",
                    help="harness-only unsafe cluster: acks=1, unclean leader election, "
                         "no fsync before acknowledging (the checker must catch it)")
+    p.add_argument("--unsafe-fsync", action="store_true",
+                   help="harness-only: acknowledge without fsync (acks=all, clean elections): "
+                        "only --nemesis power-loss should lose acknowledged writes")
     p.add_argument("--secure", action="store_true",
                    help="secured cluster: SASL_SSL (TLS with a local CA, SCRAM-SHA-512 users,"
                         " node-to-node TLS+SCRAM) on every node's only Kafka listener")
@@ -60,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--nemesis", default="none",
                    help="none, all, harsh (kill, kill-two, kill-burst), or a comma-separated "
                         "list of kill, pause, partition, clock, kill-two, kill-burst, "
-                        "wipe-disk")
+                        "wipe-disk, power-loss (LazyFS: `make lazyfs`)")
     t.add_argument("--seed", type=int, default=0)
     _test_args(t)
     c = sub.add_parser("campaign", help="many seeded runs, one table of anomalies")
@@ -92,8 +95,8 @@ def _options(args: argparse.Namespace, workload: str, nemesis: str, seed: int) -
     return TestOptions(
         workload=workload, nemesis=nemesis, nodes=args.nodes, time_limit_s=args.time_limit,
         rate=args.rate, concurrency=args.concurrency, seed=seed, store=args.store,
-        unsafe=args.unsafe, secure=args.secure, interval_s=args.interval, netns=args.netns,
-        sub_via=args.sub_via, load=args.load,
+        unsafe=args.unsafe, unsafe_fsync=args.unsafe_fsync, secure=args.secure,
+        interval_s=args.interval, netns=args.netns, sub_via=args.sub_via, load=args.load,
         final_time_s=args.final_time, keep_data=args.keep_data, progress=not args.quiet)
 
 

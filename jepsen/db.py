@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import trio
 
+from jepsen.lazyfs import LazyFsSet
 from jepsen.net import Net
 from jepsen.scrape import fetch
 from raftlog.client.connection import PLAINTEXT, KafkaClientError, KafkaConnection, Security
@@ -41,6 +42,10 @@ from raftlog.tools.secure_cluster import make_secure_material, secure_node_prope
 REQUEST_TIMEOUT_S: Final = 2.0
 STOP_TIMEOUT_S: Final = 10.0
 READY_TIMEOUT_S: Final = 90.0
+
+#: Harness-only (``--unsafe-fsync``): acknowledge without fsync, nothing else unsafe; only a
+#: power loss (:mod:`jepsen.faults_power`) can then lose acknowledged writes.
+UNSAFE_FSYNC_PROPERTIES: Final = {"log.flush.interval.messages": "1000000000"}
 
 #: The harness-only unsafe mode (``--unsafe``): elect out-of-sync replicas, never fsync.
 UNSAFE_PROPERTIES: Final = {
@@ -155,6 +160,10 @@ class Cluster:
     # the local CA) and the same for the project's own client; empty and PLAINTEXT otherwise.
     client_config: dict[str, str] = field(default_factory=dict)
     security: Security = PLAINTEXT
+    # ``--nemesis power-loss``: every node's data directory on its own LazyFS mount, unmounted
+    # by stop_all (see jepsen.lazyfs).
+    lazyfs: LazyFsSet | None = None
+    harness_notes: list[str] = field(default_factory=list)
 
     @classmethod
     def create(cls, directory: Path, size: int, net: Net,
@@ -240,6 +249,14 @@ class Cluster:
             node.resume()
         for node in self.nodes.values():
             node.kill()
+        if self.lazyfs is not None:
+            self.harness_notes += self.lazyfs.unmount_all()
+
+    def mount_lazyfs(self, binary: Path, work: Path) -> None:
+        """Put every node's data directory on its own LazyFS mount (before the nodes start).
+        """
+        self.lazyfs = LazyFsSet.mount(
+            binary, {i: n.directory / "data" for i, n in self.nodes.items()}, work)
 
     # -- observations through the project's client (for targeted faults) -------------------
 

@@ -13,6 +13,9 @@ Fault kinds and their targets:
   Healed when the fault stops.
 * ``clock``: step one node's wall clock by a random offset (see :mod:`raftlog.clock`); the
   offset goes back to 0 when the fault stops.
+* ``power-loss`` (LazyFS only, :mod:`jepsen.faults_power`): SIGKILL, drop every write not yet
+  fsynced, restart when the fault stops. Targets ``one``, ``minority``, ``majority``, ``all``.
+  ``all`` includes it only where LazyFS is available.
 
 * ``kill-two``, ``kill-burst``, ``wipe-disk``: see :mod:`jepsen.faults_harsh`.
 
@@ -32,10 +35,14 @@ from typing import Any, Final, Literal
 
 from jepsen import faults_harsh
 from jepsen.db import Cluster
+from jepsen.faults_power import POWER_LOSS, POWER_TARGETS, apply_power_loss, power_victims
 from jepsen.net import Grudge, Net
 from jepsen.workloads import Recorder
 
-KINDS: Final = ("kill", "pause", "partition", "clock")
+KINDS: Final = ("kill", "pause", "partition", "clock", POWER_LOSS)
+# What ``all`` means: the same on every machine (power-loss needs LazyFS, the harsh kinds are
+# ``harsh``), so campaigns stay comparable across machines and with older ones.
+ALL_KINDS: Final = ("kill", "pause", "partition", "clock")
 PROCESS_TARGETS: Final = ("one", "minority", "quorum-leader", "partition-leader")
 PARTITION_TARGETS: Final = ("halves", "one", "quorum-leader", "partition-leader", "bridge")
 CLOCK_OFFSETS_S: Final = (-300.0, -60.0, -5.0, 5.0, 60.0, 300.0)
@@ -63,10 +70,10 @@ class Step:
 
 
 def parse_kinds(nemesis: str, network: bool) -> tuple[str, ...]:
-    """``none`` / ``all`` / ``kill,partition`` -> the fault kinds to use."""
+    """``none`` / ``all`` / ``harsh`` / ``kill,partition`` -> the fault kinds to use."""
     if nemesis in ("", "none"):
         return ()
-    kinds = KINDS if nemesis == "all" else tuple(k.strip() for k in nemesis.split(","))
+    kinds = ALL_KINDS if nemesis == "all" else tuple(k.strip() for k in nemesis.split(","))
     kinds = tuple(dict.fromkeys(x for k in kinds for x in faults_harsh.ALIASES.get(k, (k,))))
     known = (*KINDS, *faults_harsh.HARSH_KINDS)
     unknown = [k for k in kinds if k not in known]
@@ -104,6 +111,8 @@ def _fault(kind: str, rng: random.Random) -> Fault:
         return Fault(kind, rng.choice(PARTITION_TARGETS))
     if kind == "clock":
         return Fault(kind, "one", rng.choice(CLOCK_OFFSETS_S))
+    if kind == POWER_LOSS:
+        return Fault(kind, rng.choice(POWER_TARGETS))
     return Fault(kind, rng.choice(PROCESS_TARGETS))
 
 
@@ -197,6 +206,14 @@ class Nemesis:
         if fault.kind in faults_harsh.HARSH_KINDS:
             return faults_harsh.apply(fault.kind, fault.target, fault.offset_s, self.cluster,
                                       self.rng, self._victims)
+        if fault.kind == POWER_LOSS:
+            mounts = self.cluster.lazyfs
+            if mounts is None:
+                raise RuntimeError("power-loss needs the data directories on LazyFS")
+            victims = power_victims(fault.target, self.cluster.node_ids, self.rng)
+            done = apply_power_loss(victims, lambda n: self.cluster.nodes[n].kill(),
+                                    mounts.clear_cache)
+            return {**fault.describe(), **done}, victims
         victims = self._victims(fault.target)
         for n in victims:
             node = self.cluster.nodes[n]
@@ -231,7 +248,7 @@ class Nemesis:
             return
         for n in nodes:
             node = self.cluster.nodes[n]
-            if kind == "kill":
+            if kind in ("kill", POWER_LOSS):
                 node.start()
             elif kind == "pause":
                 node.resume()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import random
 import shutil
 import signal
@@ -25,8 +26,10 @@ from types import FrameType
 from typing import Any, Final
 
 from jepsen import faults_harsh, plots, report
-from jepsen.db import UNSAFE_PROPERTIES, Cluster
+from jepsen.db import UNSAFE_FSYNC_PROPERTIES, UNSAFE_PROPERTIES, Cluster
+from jepsen.faults_power import wants_power_loss
 from jepsen.history import NEMESIS, HistoryWriter, Op, OpType, read_jsonl
+from jepsen.lazyfs import check_available, sweep_stale_mounts
 from jepsen.metrics import read_samples
 from jepsen.metrics import summary as metrics_summary
 from jepsen.nemesis import Nemesis, parse_kinds, plan
@@ -54,6 +57,7 @@ class TestOptions:
     seed: int = 0
     store: Path = Path("store")
     unsafe: bool = False
+    unsafe_fsync: bool = False  # harness-only: acknowledge without fsync (power-loss check)
     secure: bool = False  # SASL_SSL with SCRAM everywhere, between nodes too
     interval_s: float = 5.0
     netns: bool = True
@@ -161,6 +165,10 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
     """Run one test; returns ``results.json``'s contents (also written to the store)."""
     workload = make_workload(opts)
     parse_kinds(opts.nemesis, True)  # bad --nemesis: fail before starting anything
+    lazyfs_binary, lazyfs_reason = (check_available(os.environ)
+                                    if wants_power_loss(opts.nemesis) else (None, None))
+    if wants_power_loss(opts.nemesis) and lazyfs_binary is None:
+        raise ValueError(f"--nemesis power-loss cannot run here: {lazyfs_reason}")
     directory = store_directory(opts)
     run_id = f"{opts.seed}-{directory.name[-6:].replace('.', '')}"
     installed = threading.current_thread() is threading.main_thread()
@@ -178,8 +186,13 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             net.teardown()
             net = LoopbackNet(reason=f"namespace set-up failed: {exc}")
         extra = dict(UNSAFE_PROPERTIES) if opts.unsafe else {}
+        if opts.unsafe_fsync:
+            extra.update(UNSAFE_FSYNC_PROPERTIES)
         cluster = Cluster.create(directory / "cluster", opts.nodes, net, extra,
                                  secure=opts.secure)
+        if lazyfs_binary is not None:
+            sweep_stale_mounts()
+            cluster.mount_lazyfs(lazyfs_binary, directory / "lazyfs")
         cluster.start_all()
         cluster.wait_ready()
         view = ClusterView(cluster.bootstrap,
@@ -203,6 +216,8 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
         if "wipe-disk" in opts.nemesis else []
     if wipes:  # what each wiped node said when it came back (docs/jepsen.md, wipe-disk)
         results["test"]["wipe_disk"] = wipes
+    if cluster is not None and cluster.harness_notes:
+        results["test"]["notes"] += cluster.harness_notes
         (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
                                                 encoding="utf-8")
     problems = _log_problems(directory)
