@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from jepsen.net import pid_alive
+
 ENV_BINARY: Final = "RAFTLOG_LAZYFS"
 #: Where ``make lazyfs`` puts the build (``jepsen/setup_lazyfs.sh``).
 DEFAULT_PREFIX: Final = Path(__file__).resolve().parent.parent / ".cache" / "lazyfs"
@@ -153,16 +155,6 @@ def fuse_unusable_reason() -> str | None:
     if shutil.which("fusermount3") is None:
         return "fusermount3 is missing (Debian package fuse3)"
     return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _mountinfo() -> list[MountEntry]:

@@ -243,7 +243,7 @@ def sweep_stale() -> list[str]:
     for line in _run(["ip", "netns", "list"], check=False).splitlines():
         name = line.split()[0] if line.split() else ""
         m = _NS_RE.match(name)
-        if m is None or _pid_alive(int(m.group(1))):
+        if m is None or pid_alive(int(m.group(1))):
             continue
         _kill_namespace_processes(name)
         _run(["ip", "netns", "del", name], check=False)
@@ -251,7 +251,7 @@ def sweep_stale() -> list[str]:
     return swept
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

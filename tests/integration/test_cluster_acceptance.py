@@ -48,6 +48,7 @@ from tests.integration.cluster_harness import (
     Cluster,
     ClusterNode,
     cluster3,
+    running_cluster,
     wait_for,
     wait_until,
 )
@@ -544,23 +545,12 @@ def test_sigterm_all_and_restart_keeps_every_record_at_its_offset(
 def lagging_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A 3-node cluster whose leaders drop a follower after 1.5 s without catching up, while
     broker sessions last 60 s: an ISR shrink here comes from the lag check, not fencing."""
-    cluster = Cluster.create(tmp_path / "cluster", extra_properties={
+    with running_cluster(tmp_path / "cluster", extra_properties={
         "replica.lag.time.max.ms": str(ISR_LAG_MS),
         "broker.session.timeout.ms": "60000",
         "broker.heartbeat.interval.ms": "500",
-    })
-    try:
-        cluster.start_all()
-        cluster.wait_ready()
+    }) as cluster:
         yield cluster
-    finally:
-        for node in cluster.nodes.values():
-            if node.paused:
-                node.resume()
-        try:
-            cluster.stop_all()
-        finally:
-            cluster.kill_all()
 
 
 def test_sigstopped_follower_leaves_the_isr_after_the_lag_time_and_rejoins(
