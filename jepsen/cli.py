@@ -45,6 +45,9 @@ def _test_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-time", type=float, default=30.0, metavar="S",
                    help="upper bound for the final reads")
     p.add_argument("--keep-data", action="store_true", help="keep the nodes' data dirs")
+    p.add_argument("--client-debug", action="store_true",
+                   help="write librdkafka's eos and msg debug lines of every producer to the "
+                        "run's clients.log (epoch bumps, retries, implicit acks)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -97,7 +100,8 @@ def _options(args: argparse.Namespace, workload: str, nemesis: str, seed: int) -
         rate=args.rate, concurrency=args.concurrency, seed=seed, store=args.store,
         unsafe=args.unsafe, unsafe_fsync=args.unsafe_fsync, secure=args.secure,
         interval_s=args.interval, netns=args.netns, sub_via=args.sub_via, load=args.load,
-        final_time_s=args.final_time, keep_data=args.keep_data, progress=not args.quiet)
+        final_time_s=args.final_time, keep_data=args.keep_data, progress=not args.quiet,
+        client_debug=args.client_debug)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,6 +67,7 @@ class TestOptions:
     progress: bool = True
     name: str | None = None
     load: str = "paced"  # "saturate": idempotent producers as fast as the cluster takes
+    client_debug: bool = False  # librdkafka eos/msg debug of every producer to clients.log
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -198,7 +199,8 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
         view = ClusterView(cluster.bootstrap,
                            {i: n.address for i, n in cluster.nodes.items()},
                            min(3, opts.nodes), opts.unsafe, run_id,
-                           client_config=cluster.client_config, security=cluster.security)
+                           client_config=cluster.client_config, security=cluster.security,
+                           client_log=directory / "clients.log" if opts.client_debug else None)
         workload.setup(view)
         drive = _drive(opts, workload, view, cluster, net, directory)
         results = _finish(opts, workload, directory, net, drive, time.monotonic() - started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from jepsen.history import History, Op, OpType
@@ -50,6 +51,8 @@ class ClusterView:
     # project client's TLS context and login.
     client_config: Mapping[str, str] = field(default_factory=dict)
     security: Security = PLAINTEXT
+    # ``--client-debug``: librdkafka's eos and msg debug contexts of every producer go here.
+    client_log: Path | None = None
 
 
 class Client(Protocol):

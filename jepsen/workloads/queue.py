@@ -21,11 +21,13 @@ watermark: past any transaction left open, once the coordinator has aborted it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from jepsen.checker import CheckerOptions, check
@@ -64,12 +66,29 @@ def producer_config(view: ClusterView, extra: dict[str, Any] | None = None) -> d
         "retry.backoff.ms": 100,
         "log_level": 2,
     }
+    if view.client_log is not None:
+        # Why: an idempotent duplicate or loss is decided by the client's epoch bumps and
+        # implicit acks, which only librdkafka's own debug lines show.
+        conf.update({"debug": "eos,msg", "log_level": 7,
+                     "logger": client_logger(view.client_log)})
     if view.unsafe:
         conf.update({"acks": "1", "enable.idempotence": False, "retries": 0})
     else:
         conf.update({"acks": "all", "enable.idempotence": True})
     conf.update(extra or {})
     return conf
+
+
+def client_logger(path: Path) -> logging.Logger:
+    """One logger per run's ``clients.log`` (librdkafka calls it from its own threads)."""
+    logger = logging.getLogger(f"jepsen.clients.{path}")
+    if not logger.handlers:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+    return logger
 
 
 def consumer_config(view: ClusterView, group: str, extra: dict[str, Any] | None = None

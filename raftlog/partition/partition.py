@@ -16,12 +16,14 @@ image, which one to call.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import trio
 
+from raftlog.log_budget import LogBudget
 from raftlog.metadata.image import NO_LEADER, PartitionImage
 from raftlog.partition.append import AppendOrigin, AppendResult
 from raftlog.partition.batch import BatchHeader, validate_batches
@@ -51,6 +53,13 @@ __all__ = [
 DEFAULT_MIN_INSYNC_REPLICAS = 1
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
 LOG_APPEND_TIME = "LogAppendTime"
+
+log = logging.getLogger(__name__)
+# Producer-state verdicts on client batches (retries answered from the log, refused
+# sequences or epochs, producers accepted mid-sequence with no state): rare outside faults,
+# and exactly what explains a duplicate or a loss afterwards, so they are logged, within a
+# budget shared by every partition of the node.
+_producer_verdicts = LogBudget(log, "producer-state verdicts")
 
 
 def now_ms() -> int:
@@ -325,11 +334,23 @@ class Partition:
             return None  # not idempotent
         check = self.producers.check_appends(headers)
         if check.error:
-            return AppendResult.refused(check.error,
-                                        check.message or "producer state check failed")
+            message = check.message or "producer state check failed"
+            _producer_verdicts.log(logging.INFO, "partition %s-%d: refused a produce: %s (%s)",
+                                   self.topic, self.index, ErrorCode(check.error).name, message)
+            return AppendResult.refused(check.error, message)
         duplicate = check.duplicate
         if duplicate is None:
+            if first.base_sequence != 0 and self.producers.get(first.producer_id) is None:
+                _producer_verdicts.log(
+                    logging.INFO, "partition %s-%d: producer %d (epoch %d) is unknown here; "
+                    "accepting its batch at sequence %d (KIP-360)", self.topic, self.index,
+                    first.producer_id, first.producer_epoch, first.base_sequence)
             return None
+        _producer_verdicts.log(
+            logging.INFO, "partition %s-%d: producer %d epoch %d sequence %d retried a batch "
+            "already at offsets [%d, %d]", self.topic, self.index, first.producer_id,
+            first.producer_epoch, first.base_sequence, duplicate.first_offset,
+            duplicate.last_offset)
         log_append_time = self.log.config.message_timestamp_type == LOG_APPEND_TIME
         return AppendResult(base_offset=duplicate.first_offset,
                             last_offset=duplicate.last_offset,
