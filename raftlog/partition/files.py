@@ -34,16 +34,21 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes, *, sync_directory: bool = True) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves either the old or the new contents:
-    write a temp file, fsync it, rename over ``path``, then fsync the directory."""
-    tmp_path = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+def write_synced(path: Path, data: bytes) -> None:
+    """Create or replace ``path`` with ``data`` and fsync it (not its directory)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes, *, sync_directory: bool = True) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new contents:
+    write a temp file, fsync it, rename over ``path``, then fsync the directory."""
+    tmp_path = path.with_name(path.name + TMP_SUFFIX)
+    write_synced(tmp_path, data)
     os.replace(tmp_path, path)
     if sync_directory:
         fsync_directory(path.parent)

@@ -42,7 +42,11 @@ from raftlog.partition.log import (
     describe_os_error,
 )
 from raftlog.partition.partition import Partition, now_ms
-from raftlog.partition.producer_snapshot import prune_snapshots, write_snapshot_bytes
+from raftlog.partition.producer_snapshot import (
+    SnapshotFence,
+    prune_snapshots,
+    write_snapshot_bytes,
+)
 from raftlog.partition.producer_state import (
     PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
     PRODUCER_ID_EXPIRATION_MS_DEFAULT,
@@ -351,7 +355,8 @@ class PartitionManager:
                 continue
             directory = partition.log.directory
             try:
-                await trio.to_thread.run_sync(_store_snapshot, directory, *snapshot)
+                await trio.to_thread.run_sync(_store_snapshot, directory,
+                                              partition.snapshot_fence, *snapshot)
             except OSError as error:  # e.g. a full disk; a restart replays more of the log
                 partition.producer_snapshot_failed()
                 log.warning("partition %s-%d: cannot write a producer-state snapshot: %s",
@@ -390,18 +395,19 @@ def _run_tickets(tickets: Iterable[FlushTicket]) -> list[OSError | None]:
     return failures
 
 
-def _store_snapshot(directory: Path, offset: int, data: bytes) -> None:
+def _store_snapshot(directory: Path, fence: SnapshotFence, offset: int, data: bytes,
+                    generation: int) -> None:
     if not directory.exists():
         return  # the partition was deleted meanwhile
-    write_snapshot_bytes(directory, offset, data)
-    prune_snapshots(directory, keep=2)
+    if write_snapshot_bytes(directory, offset, data, fence, generation) is not None:
+        prune_snapshots(directory, keep=2)  # not after a voided write: keep what is there
 
 
 def _write_producer_snapshot(partition: Partition) -> None:
     snapshot = partition.producer_snapshot()
     if snapshot is not None:
         try:
-            _store_snapshot(partition.log.directory, *snapshot)
+            _store_snapshot(partition.log.directory, partition.snapshot_fence, *snapshot)
         except OSError as exc:  # a restart rebuilds from the log instead
             log.warning("partition %s-%d: producer snapshot failed: %s", partition.topic,
                         partition.index, exc)

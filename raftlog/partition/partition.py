@@ -31,6 +31,7 @@ from raftlog.partition.cleaner import has_record_without_key, is_compacted
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import PartitionLog
 from raftlog.partition.producer_snapshot import (
+    SnapshotFence,
     load_producer_state,
     log_headers,
     reset_producer_state,
@@ -107,6 +108,8 @@ class Partition:
     # Idempotent producers seen in this partition (leaders check, followers replay).
     producers: ProducerStateManager = field(default_factory=ProducerStateManager)
     producers_snapshot_offset: int = -1
+    # Voids producer snapshots still being written when the log is truncated under them.
+    snapshot_fence: SnapshotFence = field(default_factory=SnapshotFence, repr=False)
     # Open and aborted transactions (LSO, read_committed): fed by the log's append listener.
     txns: TxnIndex = field(default_factory=TxnIndex)
     # Called after every append: the owning PartitionManager's group commit and HW
@@ -226,7 +229,9 @@ class Partition:
         self.producers = truncate_producer_state(
             self.producers, self.log.directory, end_offset,
             log_start_offset=self.log.log_start_offset,
-            read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms())
+            read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms(),
+            fence=self.snapshot_fence)
+        self.producers_snapshot_offset = min(self.producers_snapshot_offset, end_offset)
         self.notify_changed()
         return end_offset
 
@@ -235,7 +240,8 @@ class Partition:
         self.log.reset_to(offset)
         self.high_watermark = offset
         self.load_txn_index()
-        self.producers = reset_producer_state(self.log.directory, offset)
+        self.producers = reset_producer_state(self.log.directory, offset, self.snapshot_fence)
+        self.producers_snapshot_offset = -1
         self.notify_changed()
 
     def load_producers(self) -> None:
@@ -248,15 +254,16 @@ class Partition:
             read_headers=lambda start: log_headers(self.log, start), now_ms=now_ms())
         self.producers_snapshot_offset = self.producers.end_offset
 
-    def producer_snapshot(self) -> tuple[int, bytes] | None:
-        """(offset, bytes) of a new producer-state snapshot when the log moved since the
-        last one; the caller writes it (in a worker thread)."""
+    def producer_snapshot(self) -> tuple[int, bytes, int] | None:
+        """(offset, bytes, fence generation) of a new producer-state snapshot when the log
+        moved since the last one; the caller writes it (in a worker thread) through
+        ``write_snapshot_bytes`` with ``snapshot_fence`` and that generation."""
         self.producers.advance_end_offset(self.log.log_end_offset)
         offset = self.producers.end_offset
         if offset <= self.producers_snapshot_offset:
             return None
         self.producers_snapshot_offset = offset
-        return offset, self.producers.to_bytes()
+        return offset, self.producers.to_bytes(), self.snapshot_fence.generation
 
     def producer_snapshot_failed(self) -> None:
         """The snapshot ``producer_snapshot`` made was not written: make the next one anew."""

@@ -17,13 +17,15 @@ with none, the state is rebuilt from ``log_start_offset``.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from raftlog.partition.batch import BatchHeader
-from raftlog.partition.files import TMP_SUFFIX, fsync_directory, write_atomically
+from raftlog.partition.files import TMP_SUFFIX, fsync_directory, write_atomically, write_synced
 from raftlog.partition.producer_state import CorruptSnapshotError, ProducerStateManager, headers_in
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SNAPSHOT_SUFFIX",
     "ReadHeaders",
+    "SnapshotFence",
     "delete_snapshots",
     "list_snapshots",
     "load_latest_snapshot",
@@ -86,13 +89,56 @@ def list_snapshots(directory: Path) -> list[int]:
     return sorted(offsets)
 
 
-def write_snapshot_bytes(directory: Path, offset: int, data: bytes) -> Path:
+class SnapshotFence:
+    """Orders snapshot writes in worker threads against truncations on the owner task.
+
+    A snapshot is encoded on the owner task at offset O and written by a worker thread. If
+    the log is truncated below O meanwhile, that file describes batches the log no longer
+    holds, and once the log grows past O again a restart (or a later truncation's reload)
+    would trust it: a retry answered as a duplicate of a batch that is not in the log (an
+    acknowledged write lost), a new batch refused as out of sequence. So a truncation bumps
+    ``generation`` and deletes the snapshots above its offset under the lock, and a write
+    renames its file into place under the same lock only if the generation it was encoded
+    in is still current. One per partition replica."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.generation = 0
+
+    def truncated(self, directory: Path, offset: int) -> list[int]:
+        """The log now ends at ``offset``: fence off snapshots encoded before, delete those
+        above it (durably). Owner task; blocks only while a write renames its file."""
+        with self._lock:
+            self.generation += 1
+            return delete_snapshots(directory, above=offset)
+
+    def publish(self, tmp_path: Path, path: Path, generation: int) -> bool:
+        """Rename a written and fsynced ``tmp_path`` to ``path`` unless a truncation came
+        after ``generation`` (then the temp file is removed); True if published."""
+        with self._lock:
+            if generation != self.generation:
+                tmp_path.unlink(missing_ok=True)
+                return False
+            os.replace(tmp_path, path)
+        fsync_directory(path.parent)
+        return True
+
+
+def write_snapshot_bytes(directory: Path, offset: int, data: bytes,
+                         fence: SnapshotFence | None = None, generation: int = 0
+                         ) -> Path | None:
     """Atomically write ``data`` (``ProducerStateManager.to_bytes()`` of a state whose
     ``end_offset`` is ``offset``) as the snapshot at ``offset``. Thread-safe: touches only
-    its own files, so encode on the owner task and write in ``trio.to_thread.run_sync``."""
+    its own files, so encode on the owner task and write in ``trio.to_thread.run_sync``,
+    passing the partition's ``fence`` and its ``generation`` read when encoding; None if a
+    truncation since then made the snapshot stale (nothing is left on disk)."""
     path = snapshot_path(directory, offset)
-    write_atomically(path, data)
-    return path
+    if fence is None:
+        write_atomically(path, data)
+        return path
+    tmp_path = path.with_name(path.name + TMP_SUFFIX)
+    write_synced(tmp_path, data)
+    return path if fence.publish(tmp_path, path, generation) else None
 
 
 def write_snapshot(
@@ -103,7 +149,9 @@ def write_snapshot(
     manager to it."""
     if offset is not None:
         manager.advance_end_offset(offset)
-    return write_snapshot_bytes(directory, manager.end_offset, manager.to_bytes())
+    path = snapshot_path(directory, manager.end_offset)
+    write_atomically(path, manager.to_bytes())
+    return path
 
 
 def delete_snapshots(
@@ -194,19 +242,29 @@ def truncate_producer_state(
     log_start_offset: int,
     read_headers: ReadHeaders,
     now_ms: int,
+    fence: SnapshotFence | None = None,
 ) -> ProducerStateManager:
     """After ``PartitionLog.truncate_to`` returned ``offset`` (the new log end): delete the
-    snapshots above it and return the exact state, ``manager`` itself when truncation did not
-    touch any producer, else a state reloaded from snapshot + log."""
-    delete_snapshots(directory, above=offset)
+    snapshots above it (through ``fence``, which also voids snapshots being written) and
+    return the exact state, ``manager`` itself when truncation did not touch any producer,
+    else a state reloaded from snapshot + log."""
+    if fence is None:
+        delete_snapshots(directory, above=offset)
+    else:
+        fence.truncated(directory, offset)
     if manager.truncate_to(offset):
         return manager
     return load_producer_state(directory, log_start_offset=log_start_offset,
                                log_end_offset=offset, read_headers=read_headers, now_ms=now_ms)
 
 
-def reset_producer_state(directory: Path, offset: int) -> ProducerStateManager:
+def reset_producer_state(directory: Path, offset: int, fence: SnapshotFence | None = None
+                         ) -> ProducerStateManager:
     """After ``PartitionLog.reset_to(offset)`` (Kafka's ``truncateFullyAndStartAt``): every
-    snapshot is deleted and the state starts empty at ``offset``."""
-    delete_snapshots(directory, above=-1)
+    snapshot is deleted (and any being written voided, through ``fence``) and the state
+    starts empty at ``offset``."""
+    if fence is None:
+        delete_snapshots(directory, above=-1)
+    else:
+        fence.truncated(directory, -1)
     return ProducerStateManager(end_offset=offset)
