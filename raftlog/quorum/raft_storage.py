@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 JOURNAL_FILE_NAME: Final = "raft.journal"
 SNAPSHOT_FILE_NAME: Final = "raft.snapshot"
 META_PROPERTIES_FILE_NAME: Final = "meta.properties"
+# Present from the start that created the directory until the voter may vote (raft_rejoin).
+REJOIN_MARKER_FILE_NAME: Final = "raft.rejoin"
 JOURNAL_MAGIC: Final = b"RAFTLOGJ"
 JOURNAL_FORMAT_VERSION: Final = 1
 _JOURNAL_HEADER: Final = struct.Struct(">8sI")
@@ -400,6 +402,9 @@ def check_meta_properties(
     """
     path = directory / META_PROPERTIES_FILE_NAME
     if not path.exists():
+        # A new directory: a voter may have lost its disk, so it does not vote before the
+        # rejoin guard clears this (written first: a crash in between writes it again).
+        write_durably(directory / REJOIN_MARKER_FILE_NAME, b"new Raft directory\n")
         stored = MetaProperties(cluster_id or new_cluster_id(), node_id)
         text = (
             "# raftlog metadata quorum: written on first start, never changed\n"
@@ -448,6 +453,17 @@ def prepare_data_dir(directory: Path, cluster_id: str | None, node_id: int) -> s
             "quorum cannot adopt it: start from an empty metadata.log.dir"
         )
     return check_meta_properties(directory, cluster_id, node_id, _new_cluster_id).cluster_id
+
+
+def rejoin_pending(directory: Path) -> bool:
+    """Whether this Raft directory was created by a start whose rejoin guard never finished."""
+    return (directory / REJOIN_MARKER_FILE_NAME).exists()
+
+
+def clear_rejoin(directory: Path) -> None:
+    """The rejoin guard finished: this voter may vote from now on, across restarts too."""
+    (directory / REJOIN_MARKER_FILE_NAME).unlink(missing_ok=True)
+    logfile.fsync_dir(directory)
 
 
 def _new_cluster_id() -> str:

@@ -66,6 +66,12 @@ from raftlog.quorum.raft_events import (
     Submission,
     SubmitCallback,
 )
+from raftlog.quorum.raft_rejoin import (
+    PROBE_MESSAGE_TYPE,
+    PROBE_REPLY_MESSAGE_TYPE,
+    RejoinGuard,
+    RejoinMixin,
+)
 from raftlog.quorum.raft_settings import RaftSettings, build_conf, check_conf
 from raftlog.quorum.raft_snapshots import SnapshotKeeper, trim_journal
 from raftlog.quorum.raft_storage import (
@@ -74,6 +80,7 @@ from raftlog.quorum.raft_storage import (
     DurableJournal,
     RaftStorageError,
     decode_snapshot,
+    rejoin_pending,
     write_durably,
 )
 from raftlog.quorum.raft_transport import RaftTransport
@@ -95,7 +102,7 @@ class RaftApplyError(Exception):
 _CONSTRUCT_LOCK: Final = threading.Lock()
 
 
-class RaftSyncObj(SyncObj):  # type: ignore[misc]
+class RaftSyncObj(RejoinMixin, SyncObj):  # type: ignore[misc]
     """A pysyncobj SyncObj replicating ``MetadataStateMachine`` commands, with the corrections
     described in the module docstring.
 
@@ -137,6 +144,11 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         keepalive_interval_s: float | None = None,
     ) -> None:
         check_conf(conf)
+        # A voter on a directory this start created stays out of elections (raft_rejoin).
+        self._raft_dir = Path(conf.fullDumpFile).parent
+        self._raft_rejoin: RejoinGuard | None = (
+            RejoinGuard(len(peer_addresses) + 1, monotonic_time())
+            if self_address is not None and rejoin_pending(self._raft_dir) else None)
         assert machine.image.version == -1, "a RaftSyncObj needs a fresh state machine"
         # Everything the tick thread uses is set before SyncObj.__init__ starts that thread.
         self._raft_machine = machine
@@ -242,6 +254,7 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
             self._raft_started = True
         self._raft_maybe_become_controller()
         self._raft_send_keepalives()
+        self._raft_guard_rejoin()
         view = self._raft_make_view()
         self._raft_view = view
         self._raft_listener.on_tick(view)
@@ -356,6 +369,16 @@ class RaftSyncObj(SyncObj):  # type: ignore[misc]
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == KEEPALIVE_MESSAGE_TYPE:
             return
+        if kind == PROBE_MESSAGE_TYPE:
+            self._SyncObj__transport.send(node, {"type": PROBE_REPLY_MESSAGE_TYPE,
+                                                 "last_index": self._SyncObj__getCurrentLogIndex()})
+            return
+        if kind == PROBE_REPLY_MESSAGE_TYPE:
+            self._raft_on_probe_reply(node, int(message.get("last_index", 0)))
+            return
+        if kind in ("request_vote", "timeout_now") and self._raft_rejoin is not None \
+                and self._raft_rejoin.active:
+            return  # a voter that may have lost its log grants no vote (raft_rejoin)
         if kind == "apply_command":
             # raftlog never forwards commands; refuse any that arrive.
             if "request_id" in message:
