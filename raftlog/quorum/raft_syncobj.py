@@ -79,6 +79,7 @@ from raftlog.quorum.raft_storage import (
     SNAPSHOT_FILE_NAME,
     DurableJournal,
     RaftStorageError,
+    clear_rejoin,
     decode_snapshot,
     rejoin_pending,
     write_durably,
@@ -149,6 +150,8 @@ class RaftSyncObj(RejoinMixin, SyncObj):  # type: ignore[misc]
         self._raft_rejoin: RejoinGuard | None = (
             RejoinGuard(len(peer_addresses) + 1, monotonic_time())
             if self_address is not None and rejoin_pending(self._raft_dir) else None)
+        if self_address is None and rejoin_pending(self._raft_dir):
+            clear_rejoin(self._raft_dir)  # an observer never votes: nothing to guard
         assert machine.image.version == -1, "a RaftSyncObj needs a fresh state machine"
         # Everything the tick thread uses is set before SyncObj.__init__ starts that thread.
         self._raft_machine = machine
