@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -63,6 +63,15 @@ jepsen-hunt: $(STAMP) apt-test
 		--nemeses kill,kill-two,kill-burst --load saturate --runs $(HUNT_RUNS) \
 		--seed $(HUNT_SEED) --time-limit $(HUNT_TIME) --interval 4 --concurrency 4 \
 		--final-time 60 --keep-store all
+
+# Issue 19's idempotence check (bench/idempotence.py): one idempotent producer at full speed on
+# 3 nodes while nodes are SIGKILLed and restarted; IDEM_RUNS runs of IDEM_TIME s, read back and
+# checked for duplicates, reorderings and losses. About 35 minutes with the defaults.
+IDEM_RUNS ?= 10
+IDEM_TIME ?= 180
+IDEM_OUT ?= store/idempotence
+idempotence-check: $(STAMP)
+	$(PY) bench/idempotence.py --runs $(IDEM_RUNS) --seconds $(IDEM_TIME) --out $(IDEM_OUT)
 
 # LazyFS for the Jepsen harness's power-loss nemesis (docs/jepsen.md), built from its source
 # into .cache/lazyfs/ where /dev/fuse is usable (apt: g++ cmake libfuse3-dev fuse3 libtoml11-dev
