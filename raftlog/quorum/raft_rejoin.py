@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,10 +39,12 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 from raftlog.quorum.raft_storage import clear_rejoin
 
 __all__ = [
+    "ELECTION_HOLD_S",
     "INITIAL_LOG_INDEX",
     "PROBE_INTERVAL_S",
     "PROBE_MESSAGE_TYPE",
     "PROBE_REPLY_MESSAGE_TYPE",
+    "UNDECIDED_PROBE_INTERVAL_S",
     "RejoinGuard",
     "RejoinMixin",
     "RejoinState",
@@ -52,6 +55,11 @@ logger = logging.getLogger(__name__)
 # pysyncobj starts every journal with a no-op at index 1: a log ending there holds nothing.
 INITIAL_LOG_INDEX: Final = 1
 PROBE_INTERVAL_S: Final = 0.5
+# Undecided, every start of a new cluster waits on the answer: ask often (a few bytes a peer).
+UNDECIDED_PROBE_INTERVAL_S: Final = 0.05
+# While guarded, the election deadline is kept at least this far ahead (jittered, so that the
+# voters of a new cluster do not all stand at once when their guards finish).
+ELECTION_HOLD_S: Final = (0.1, 0.3)
 PROBE_MESSAGE_TYPE: Final = "raftlog_probe"  # where does your log end?
 PROBE_REPLY_MESSAGE_TYPE: Final = "raftlog_probe_reply"
 
@@ -70,11 +78,12 @@ class RejoinGuard:
         now: The monotonic time at start.
     """
 
-    def __init__(self, voters: int, now: float, probe_interval_s: float = PROBE_INTERVAL_S
-                 ) -> None:
-        assert voters >= 1 and probe_interval_s > 0
+    def __init__(self, voters: int, now: float, probe_interval_s: float = PROBE_INTERVAL_S,
+                 undecided_probe_interval_s: float = UNDECIDED_PROBE_INTERVAL_S) -> None:
+        assert voters >= 1 and probe_interval_s > 0 and undecided_probe_interval_s > 0
         self._empty_peers_needed = voters // 2  # with itself: a majority of the voters
         self._probe_interval_s = probe_interval_s
+        self._undecided_probe_interval_s = undecided_probe_interval_s
         self._next_probe = now
         self._empty_peers: set[str] = set()
         self.state = RejoinState.DONE if voters == 1 else RejoinState.UNDECIDED
@@ -90,7 +99,9 @@ class RejoinGuard:
         """Whether to ask the other voters again now (and remember that it did)."""
         if not self.active or now < self._next_probe:
             return False
-        self._next_probe = now + self._probe_interval_s
+        self._next_probe = now + (self._undecided_probe_interval_s
+                                  if self.state is RejoinState.UNDECIDED
+                                  else self._probe_interval_s)
         return True
 
     def on_probe_reply(self, peer: str, last_index: int, from_leader: bool) -> None:
@@ -136,7 +147,10 @@ class RejoinMixin:
             return
         if guard.active:
             now = monotonic_time()
-            self._SyncObj__raftElectionDeadline = now + 1.0  # no candidacy while guarded
+            if self._SyncObj__raftElectionDeadline < now + ELECTION_HOLD_S[0]:
+                # No candidacy while guarded; a deadline further out is left as it is, so a
+                # guard that finishes before it costs a new cluster no time.
+                self._SyncObj__raftElectionDeadline = now + random.uniform(*ELECTION_HOLD_S)
             guard.on_commit_index(self._SyncObj__raftCommitIndex)
             if guard.active and guard.probe_due(now):
                 for node in self._SyncObj__otherNodes:

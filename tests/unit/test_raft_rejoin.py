@@ -53,10 +53,15 @@ def test_the_leaders_first_answer_can_also_reveal_the_history() -> None:
     assert guard.state is RejoinState.CATCHING_UP and guard.target_index == 7
 
 
-def test_probes_are_paced() -> None:
-    guard = RejoinGuard(3, now=10.0, probe_interval_s=0.5)
+def test_probes_are_paced_fast_while_undecided_then_slower() -> None:
+    guard = RejoinGuard(3, now=10.0, probe_interval_s=0.5, undecided_probe_interval_s=0.05)
     assert guard.probe_due(10.0)
-    assert not guard.probe_due(10.2)
-    assert guard.probe_due(10.5)
-    guard.on_probe_reply("b", INITIAL_LOG_INDEX, from_leader=False)
+    assert not guard.probe_due(10.02)
+    assert guard.probe_due(10.05), "a new cluster waits on the first answer: ask often"
+    guard.on_probe_reply("b", 9, from_leader=False)  # a history: catching up
+    assert guard.probe_due(10.11)
+    assert not guard.probe_due(10.35)
+    assert guard.probe_due(10.62)
+    guard.on_probe_reply("b", 9, from_leader=True)
+    assert guard.on_commit_index(9)
     assert not guard.probe_due(20.0), "no probes once finished"

@@ -26,7 +26,7 @@ LONG_FILES_ALLOWED = {"raftlog/protocol/schemas.py"}
 
 # Lowest first. A package may import its own layer's packages and any lower layer's.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"config", "clock", "protocol", "security", "metadata", "metrics"}),
+    frozenset({"config", "clock", "log_budget", "protocol", "security", "metadata", "metrics"}),
     frozenset({"partition", "quorum", "client"}),
     frozenset({"server", "replication"}),
     frozenset({"controller", "group", "txn"}),
