@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security spark-failover-under-load
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -72,6 +72,13 @@ IDEM_TIME ?= 180
 IDEM_OUT ?= store/idempotence
 idempotence-check: $(STAMP)
 	$(PY) bench/idempotence.py --runs $(IDEM_RUNS) --seconds $(IDEM_TIME) --out $(IDEM_OUT)
+
+# Issue 19: the Spark failover test SPARK_LOAD_RUNS times while two CPU-burning loops at nice
+# SPARK_LOAD_NICE keep both cores busy (bench/spark_failover_under_load.sh). ~40 s a run.
+SPARK_LOAD_RUNS ?= 10
+SPARK_LOAD_NICE ?= 19
+spark-failover-under-load: $(STAMP)
+	PY=$(PY) bash bench/spark_failover_under_load.sh $(SPARK_LOAD_RUNS) $(SPARK_LOAD_NICE)
 
 # LazyFS for the Jepsen harness's power-loss nemesis (docs/jepsen.md), built from its source
 # into .cache/lazyfs/ where /dev/fuse is usable (apt: g++ cmake libfuse3-dev fuse3 libtoml11-dev
