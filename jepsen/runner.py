@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-from jepsen import faults_harsh, plots, report
+from jepsen import client_log, faults_harsh, plots, report
 from jepsen.db import UNSAFE_FSYNC_PROPERTIES, UNSAFE_PROPERTIES, Cluster
 from jepsen.faults_power import wants_power_loss
 from jepsen.history import NEMESIS, HistoryWriter, Op, OpType, read_jsonl
@@ -218,6 +218,11 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
         if "wipe-disk" in opts.nemesis else []
     if wipes:  # what each wiped node said when it came back (docs/jepsen.md, wipe-disk)
         results["test"]["wipe_disk"] = wipes
+    implicit = client_log.implicit_acks_in(directory / "clients.log")
+    if implicit is not None:  # records delivered without an offset: librdkafka's inference
+        results["test"]["client_implicit_acks"] = implicit
+        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
+                                                encoding="utf-8")
     if cluster is not None and cluster.harness_notes:
         results["test"]["notes"] += cluster.harness_notes
         (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
