@@ -32,13 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from _raftlog_cluster import RaftlogCluster, partitions_ready, wait_until
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 TOPIC = "idem"
 PARTITIONS = 3
 FLUSH_TIMEOUT_S = 180.0
 READY_TIMEOUT_S = 120.0
+# Answers while leadership moves after the last restarts (asked again, not failed).
+_SETTLING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+             KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
 
 
 @dataclass
@@ -123,14 +126,28 @@ def _churn(cluster: RaftlogCluster, rng: random.Random, seconds: float, result: 
                 cluster.restart_node(node)
 
 
+def _high_watermark(consumer: Consumer, partition: int, timeout_s: float = 120.0) -> int:
+    """The partition's high watermark, asked again while leadership is still settling."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, partition),
+                                                     timeout=10)
+            return int(high)
+        except KafkaException as exc:
+            if (not exc.args[0].retriable() and exc.args[0].code() not in _SETTLING) \
+                    or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _read_back(bootstrap: str) -> dict[int, list[tuple[int, bytes]]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "idempotence-check",
                          "enable.auto.commit": False, "log_level": 2})
     stored: dict[int, list[tuple[int, bytes]]] = {}
     try:
         for partition in range(PARTITIONS):
-            _, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, partition),
-                                                     timeout=30)
+            high = _high_watermark(consumer, partition)
             consumer.assign([TopicPartition(TOPIC, partition, 0)])
             rows: list[tuple[int, bytes]] = []
             deadline = time.monotonic() + 120
