@@ -47,6 +47,12 @@ class BrokerProcess:
     extra_properties: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
+    def __post_init__(self) -> None:
+        # Two independent draws from 12,000 ports collide about once in 12,000 brokers, a
+        # few times a year of CI ("each listener needs its own port"): draw again.
+        while self.controller_port == self.port:
+            self.controller_port = free_port()
+
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
