@@ -87,7 +87,8 @@ class _Feed:
         if error is not None:
             self.failed.append(f"{message.value()!r}: {error}")
         else:
-            self.acked[message.value()] = (message.partition(), message.offset())
+            offset = message.offset()  # None or < 0: delivered without an offset (implicit ack)
+            self.acked[message.value()] = (message.partition(), -1 if offset is None else offset)
 
     def _run(self) -> None:
         i = 0
