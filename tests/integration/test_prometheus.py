@@ -17,6 +17,7 @@ a scrape interval plus the query's evaluation.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -34,7 +35,13 @@ from typing import Any
 import pytest
 
 from raftlog.config.properties import load_properties
-from tests.integration.cluster_harness import Cluster, ClusterNode, stop_cluster, wait_until
+from tests.integration.cluster_harness import (
+    Cluster,
+    ClusterNode,
+    stop_cluster,
+    wait_for,
+    wait_until,
+)
 from tests.integration.helpers import unique_topic
 from tests.integration.test_cluster_failover import BackgroundProducer, create_topic
 
@@ -217,11 +224,27 @@ class GroupConsumer:
 
 
 def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's high watermark. A leader elected a moment ago answers
+    OFFSET_NOT_AVAILABLE until its high watermark has caught up (as Kafka's does, KIP-207),
+    which a busy machine stretches out after the restart: asked again, as clients do."""
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap,
                                          "group.id": "prometheus-test-offsets", "log_level": 2})
+
+    def high(partition: int) -> int | None:
+        try:
+            _, end = consumer.get_watermark_offsets(
+                confluent_kafka.TopicPartition(topic, partition), timeout=10)
+        except confluent_kafka.KafkaException as exc:
+            if exc.args[0].retriable() or exc.args[0].code() in (
+                    confluent_kafka.KafkaError.OFFSET_NOT_AVAILABLE,
+                    confluent_kafka.KafkaError.NOT_LEADER_FOR_PARTITION):
+                return None
+            raise
+        return int(end)
+
     try:
-        return {p: consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, p),
-                                                  timeout=10)[1] for p in range(PARTITIONS)}
+        return {p: wait_for(functools.partial(high, p), DEADLINE_S, f"{topic}-{p}'s end offset")
+                for p in range(PARTITIONS)}
     finally:
         consumer.close()
 
