@@ -13,24 +13,19 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Final
 
+from raftlog.log_budget import LOG_BURST_DEFAULT, LOG_PERIOD_S_DEFAULT, LogBudget
 from raftlog.server.listener import RequestContext
 
 log = logging.getLogger(__name__)
 
-LOG_BURST: Final = 20
-LOG_PERIOD_S: Final = 10.0
-
 
 class Refusals:
-    def __init__(self, burst: int = LOG_BURST, period_s: float = LOG_PERIOD_S,
+    def __init__(self, burst: int = LOG_BURST_DEFAULT, period_s: float = LOG_PERIOD_S_DEFAULT,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.by_api: Counter[str] = Counter()
-        self._burst, self._period_s, self._clock = burst, period_s, clock
-        self._window_start = -period_s
-        self._logged = 0
-        self._suppressed = 0
+        self._lines = LogBudget(log, "authorization refusals", burst=burst, period_s=period_s,
+                                clock=clock)
 
     @property
     def count(self) -> int:
@@ -39,15 +34,5 @@ class Refusals:
     def refused(self, ctx: RequestContext, missing: str) -> None:
         """Counts one refusal of ``ctx`` for lack of ``missing`` and maybe logs it."""
         self.by_api[ctx.api.name] += 1
-        now = self._clock()
-        if now - self._window_start >= self._period_s:
-            if self._suppressed:
-                log.warning("%d more authorization refusals were not logged",
-                            self._suppressed)
-            self._window_start, self._logged, self._suppressed = now, 0, 0
-        if self._logged >= self._burst:
-            self._suppressed += 1
-            return
-        self._logged += 1
-        log.warning("refused %s from %s (%s): no %s", ctx.api.name, ctx.peer,
-                    ctx.session.principal, missing)
+        self._lines.log(logging.WARNING, "refused %s from %s (%s): no %s", ctx.api.name,
+                        ctx.peer, ctx.session.principal, missing)
