@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from pysyncobj.monotonic import monotonic as monotonic_time
 
+from raftlog.log_budget import LogBudget
 from raftlog.quorum.raft_storage import clear_rejoin
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_malformed = LogBudget(logger, "malformed probe answers")
 
 # pysyncobj starts every journal with a no-op at index 1: a log ending there holds nothing.
 INITIAL_LOG_INDEX: Final = 1
@@ -162,9 +164,16 @@ class RejoinMixin:
                 logger.warning("raft: caught up to index %d from the leader: this voter votes "
                                "again", guard.target_index)
 
-    def _raft_on_probe_reply(self, node: Any, last_index: int) -> None:
+    def _raft_on_probe_reply(self, node: Any, last_index: object) -> None:
+        """A probe's answer. Only authenticated Raft peers reach here (``raft.secret``, frames
+        capped by the transport); only the voters' answers count, and a malformed one (not a
+        non-negative int) is dropped with a log line rather than trusted or raised."""
         guard = self._raft_rejoin
-        if guard is None:
+        if guard is None or node not in self._SyncObj__otherNodes:
+            return
+        if not isinstance(last_index, int) or isinstance(last_index, bool) or last_index < 0:
+            _malformed.log(logging.WARNING, "raft: ignored a malformed probe answer from %s: "
+                           "%.40r", node, last_index)
             return
         was = guard.state
         guard.on_probe_reply(str(node), last_index, node == self._SyncObj__raftLeader)

@@ -377,7 +377,7 @@ class RaftSyncObj(RejoinMixin, SyncObj):  # type: ignore[misc]
                                                  "last_index": self._SyncObj__getCurrentLogIndex()})
             return
         if kind == PROBE_REPLY_MESSAGE_TYPE:
-            self._raft_on_probe_reply(node, int(message.get("last_index", 0)))
+            self._raft_on_probe_reply(node, message.get("last_index"))
             return
         if kind in ("request_vote", "timeout_now") and self._raft_rejoin is not None \
                 and self._raft_rejoin.active:

@@ -8,7 +8,16 @@ hand (probe replies, the leader's identity, commit indexes); the real processes 
 
 from __future__ import annotations
 
-from raftlog.quorum.raft_rejoin import INITIAL_LOG_INDEX, RejoinGuard, RejoinState
+from pathlib import Path
+from typing import Any
+
+from raftlog.quorum.raft_rejoin import (
+    INITIAL_LOG_INDEX,
+    RejoinGuard,
+    RejoinMixin,
+    RejoinState,
+)
+from raftlog.quorum.raft_storage import REJOIN_MARKER_FILE_NAME
 
 
 def test_a_single_voter_is_never_guarded() -> None:
@@ -65,3 +74,33 @@ def test_probes_are_paced_fast_while_undecided_then_slower() -> None:
     guard.on_probe_reply("b", 9, from_leader=True)
     assert guard.on_commit_index(9)
     assert not guard.probe_due(20.0), "no probes once finished"
+
+
+class _Voter(RejoinMixin):
+    """The mixin's view of a RaftSyncObj: two peers, no leader yet."""
+
+    def __init__(self, directory: Path) -> None:
+        self._raft_rejoin = RejoinGuard(3, now=0.0)
+        self._raft_dir = directory
+        self._SyncObj__otherNodes = {"b", "c"}
+        self._SyncObj__raftLeader = None
+        self._SyncObj__raftCommitIndex = 0
+        self._SyncObj__raftElectionDeadline = 0.0
+        self._SyncObj__transport = self
+        self.sent: list[tuple[Any, Any]] = []
+
+    def send(self, node: Any, message: Any) -> None:
+        self.sent.append((node, message))
+
+
+def test_only_well_formed_answers_from_voters_count(tmp_path: Path) -> None:
+    (tmp_path / REJOIN_MARKER_FILE_NAME).write_text("new\n")
+    voter = _Voter(tmp_path)
+    voter._raft_on_probe_reply("stranger", INITIAL_LOG_INDEX)  # not a voter
+    for junk in ("1", None, -5, True, 2**70 * 1.0):
+        voter._raft_on_probe_reply("b", junk)
+    guard = voter._raft_rejoin
+    assert guard is not None and guard.state is RejoinState.UNDECIDED
+    voter._raft_on_probe_reply("b", INITIAL_LOG_INDEX)
+    assert voter._raft_rejoin is None, "a majority of empty logs: a new cluster"
+    assert not (tmp_path / REJOIN_MARKER_FILE_NAME).exists()
