@@ -214,25 +214,22 @@ def run_test(opts: TestOptions) -> dict[str, Any]:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             signal.signal(signal.SIGINT,
                           previous_int if previous_int is not None else signal.SIG_DFL)
-    wipes = faults_harsh.wipe_report(directory, read_jsonl(directory / "history.jsonl")) \
-        if "wipe-disk" in opts.nemesis else []
-    if wipes:  # what each wiped node said when it came back (docs/jepsen.md, wipe-disk)
-        results["test"]["wipe_disk"] = wipes
+    # What the nodes' and clients' logs add once the cluster is down (not part of validity).
+    extra = results["test"]
+    if "wipe-disk" in opts.nemesis:  # what each wiped node said when it came back
+        wipes = faults_harsh.wipe_report(directory, read_jsonl(directory / "history.jsonl"))
+        if wipes:
+            extra["wipe_disk"] = wipes
     implicit = client_log.implicit_acks_in(directory / "clients.log")
     if implicit is not None:  # records delivered without an offset: librdkafka's inference
-        results["test"]["client_implicit_acks"] = implicit
-        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
-                                                encoding="utf-8")
+        extra["client_implicit_acks"] = implicit
     if cluster is not None and cluster.harness_notes:
-        results["test"]["notes"] += cluster.harness_notes
-        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
-                                                encoding="utf-8")
+        extra["notes"] += cluster.harness_notes
     problems = _log_problems(directory)
-    if problems:
-        # Not part of validity, but a traceback in a node's log is a bug worth a look.
-        results["test"]["node_log_problems"] = problems
-        (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
-                                                encoding="utf-8")
+    if problems:  # a traceback in a node's log is a bug worth a look
+        extra["node_log_problems"] = problems
+    (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n",
+                                            encoding="utf-8")
     report.write_index(directory, results)
     return results
 
