@@ -124,18 +124,14 @@ class SnapshotFence:
         return True
 
 
-def write_snapshot_bytes(directory: Path, offset: int, data: bytes,
-                         fence: SnapshotFence | None = None, generation: int = 0
-                         ) -> Path | None:
+def write_snapshot_bytes(directory: Path, offset: int, data: bytes, fence: SnapshotFence,
+                         generation: int) -> Path | None:
     """Atomically write ``data`` (``ProducerStateManager.to_bytes()`` of a state whose
     ``end_offset`` is ``offset``) as the snapshot at ``offset``. Thread-safe: touches only
     its own files, so encode on the owner task and write in ``trio.to_thread.run_sync``,
     passing the partition's ``fence`` and its ``generation`` read when encoding; None if a
     truncation since then made the snapshot stale (nothing is left on disk)."""
     path = snapshot_path(directory, offset)
-    if fence is None:
-        write_atomically(path, data)
-        return path
     tmp_path = path.with_name(path.name + TMP_SUFFIX)
     write_synced(tmp_path, data)
     return path if fence.publish(tmp_path, path, generation) else None
@@ -242,29 +238,23 @@ def truncate_producer_state(
     log_start_offset: int,
     read_headers: ReadHeaders,
     now_ms: int,
-    fence: SnapshotFence | None = None,
+    fence: SnapshotFence,
 ) -> ProducerStateManager:
     """After ``PartitionLog.truncate_to`` returned ``offset`` (the new log end): delete the
     snapshots above it (through ``fence``, which also voids snapshots being written) and
     return the exact state, ``manager`` itself when truncation did not touch any producer,
     else a state reloaded from snapshot + log."""
-    if fence is None:
-        delete_snapshots(directory, above=offset)
-    else:
-        fence.truncated(directory, offset)
+    fence.truncated(directory, offset)
     if manager.truncate_to(offset):
         return manager
     return load_producer_state(directory, log_start_offset=log_start_offset,
                                log_end_offset=offset, read_headers=read_headers, now_ms=now_ms)
 
 
-def reset_producer_state(directory: Path, offset: int, fence: SnapshotFence | None = None
+def reset_producer_state(directory: Path, offset: int, fence: SnapshotFence
                          ) -> ProducerStateManager:
     """After ``PartitionLog.reset_to(offset)`` (Kafka's ``truncateFullyAndStartAt``): every
     snapshot is deleted (and any being written voided, through ``fence``) and the state
     starts empty at ``offset``."""
-    if fence is None:
-        delete_snapshots(directory, above=-1)
-    else:
-        fence.truncated(directory, -1)
+    fence.truncated(directory, -1)
     return ProducerStateManager(end_offset=offset)

@@ -372,10 +372,11 @@ def test_snapshot_files(tmp_path: Path) -> None:
 
 def test_snapshot_pruning_and_reset(tmp_path: Path) -> None:
     for offset in (5, 9, 12, 40):
-        snapshot.write_snapshot_bytes(tmp_path, offset, ProducerStateManager(offset).to_bytes())
+        snapshot.write_snapshot_bytes(tmp_path, offset, ProducerStateManager(offset).to_bytes(),
+                                      snapshot.SnapshotFence(), 0)
     assert snapshot.prune_snapshots(tmp_path, keep=2) == [5, 9]
     assert snapshot.delete_snapshots(tmp_path, above=20) == [40]
-    state = snapshot.reset_producer_state(tmp_path, 100)
+    state = snapshot.reset_producer_state(tmp_path, 100, snapshot.SnapshotFence())
     assert snapshot.list_snapshots(tmp_path) == [] and state.end_offset == 100 and not len(state)
 
 
@@ -442,7 +443,8 @@ def test_recovery_from_snapshot_and_log(tmp_path: Path) -> None:
     new_end = log.truncate_to(cut)
     state = snapshot.truncate_producer_state(state, directory, new_end,
                                              log_start_offset=log.log_start_offset,
-                                             read_headers=read_headers, now_ms=T0)
+                                             read_headers=read_headers, now_ms=T0,
+                                             fence=snapshot.SnapshotFence())
     assert all(offset <= new_end for offset in snapshot.list_snapshots(directory))
     assert _normalized(state) == _normalized(recover())
     fresh = ProducerStateManager()
