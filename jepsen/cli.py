@@ -22,8 +22,9 @@ def _test_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=20.0, metavar="OPS",
                    help="target operations per second, all clients together")
     p.add_argument("--load", choices=("paced", "saturate"), default="paced",
-                   help="paced: --rate operations a second; saturate (queue): idempotent "
-                        "producers sending batches as fast as the cluster takes (--rate unused)")
+                   help="paced: --rate operations a second; saturate: --rate unused, queue: "
+                        "idempotent producers sending batches as fast as the cluster takes; "
+                        "txn, metadata: each worker's next operation as soon as its last ends")
     p.add_argument("--concurrency", type=int, default=4, metavar="N",
                    help="client threads (processes in the history)")
     p.add_argument("--interval", type=float, default=5.0, metavar="S",

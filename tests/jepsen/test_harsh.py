@@ -209,3 +209,20 @@ def test_stream_check_lists_acknowledged_batches_without_offset_the_final_reads_
     assert out["valid"] == "unknown" and out["bad_anomaly_types"] == []
     assert out["anomalies"]["unseen-acked-without-offset"] == [
         {"key": "k", "value": 2, "final_read_max": 0}]
+
+
+def test_saturate_keeps_txn_and_metadata_operations_and_only_drops_the_pacing(
+        tmp_path: Path) -> None:
+    from jepsen.runner import TestOptions, make_workload
+    from jepsen.workloads.metadata import MetadataWorkload
+    from jepsen.workloads.saturate import SaturateWorkload
+    from jepsen.workloads.txn import TxnWorkload
+
+    def workload(name: str, load: str) -> object:
+        return make_workload(TestOptions(store=tmp_path, workload=name, load=load))
+
+    assert isinstance(workload("queue", "saturate"), SaturateWorkload)
+    assert isinstance(workload("txn", "saturate"), TxnWorkload)
+    assert isinstance(workload("metadata", "saturate"), MetadataWorkload)
+    with pytest.raises(ValueError, match="unknown load"):
+        workload("txn", "flood")
