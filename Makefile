@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security spark-failover-under-load
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security spark-failover-under-load bench-latency
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -97,6 +97,13 @@ bench-metrics: $(STAMP)
 # What security costs: SASL_SSL (TLS + SCRAM-SHA-512) vs PLAINTEXT on one node, same run.
 bench-security: $(STAMP)
 	$(PY) bench/security.py
+
+# Issue 18: produce latency p50/p90/p99/max at fixed rates (1 and 10 MB/s) and one record at a
+# time, a 3-node raftlog cluster vs NATS JetStream R3 in the same run (bench/latency.py), about
+# 2.5 minutes a repeat. Options through LATENCY_ARGS, e.g. LATENCY_ARGS="--repeats 3 --json x".
+LATENCY_ARGS ?=
+bench-latency: $(STAMP) apt-bench
+	$(PY) bench/latency.py $(LATENCY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -205,6 +205,10 @@ class Spread:
         return cls(statistics.median(finite), min(finite), max(finite), list(values))
 
 
+def _first_if_tuple(value: object) -> object:
+    return value[0] if isinstance(value, tuple) else value
+
+
 def environment() -> dict[str, Any]:
     """What a benchmark result depends on: interpreter, box, load, client and peer versions."""
     import confluent_kafka
@@ -219,7 +223,8 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "loadavg_at_start": os.getloadavg(),
-        "confluent_kafka": confluent_kafka.version()[0],
+        # version() is a str in confluent-kafka 2.x (it was a tuple): [0] was its first letter.
+        "confluent_kafka": _first_if_tuple(confluent_kafka.version()),
         "librdkafka": confluent_kafka.libversion()[0],
         "nats_py": nats_py,
         "nats_server": nats_server_version(),
