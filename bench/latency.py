@@ -201,7 +201,6 @@ def run_nats(options: Options, workdir: Path, repeat: int, payload: bytes,
 
 def environment() -> dict[str, Any]:
     import _latency_clients as clients
-    import confluent_kafka
 
     return {**common_environment(), "producer_config": clients.PRODUCER_CONFIG,
             "topic_config": clients.TOPIC_CONFIG, "record_bytes": RECORD_BYTES}
