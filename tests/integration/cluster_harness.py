@@ -31,8 +31,10 @@ from raftlog.tools.command_config import load_security
 from raftlog.tools.secure_cluster import CLIENT_PROPERTIES, secure_directory
 from tests.integration.helpers import broker_log_problems
 
-START_TIMEOUT_S = 30.0
-READY_TIMEOUT_S = 60.0
+# Deadlines, not waits: generous, so that a busy machine slows the suite down instead of
+# failing it (a load of ~20 on 2 cores made single nodes take over 20 s to listen).
+START_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 REQUEST_TIMEOUT_S = 3.0
 T = TypeVar("T")
