@@ -465,8 +465,11 @@ class ControllerCore:
                 f"{name}: replicas {ineligible} are fenced, shutting down or unregistered",
                 current,
             )
-        if new_isr == current.isr:
-            return Decision(partition=current)
+        # A request for the ISR already committed is a leader settling a change whose outcome
+        # it does not know. It is still committed as a new partition epoch: this core decides
+        # from the committed image, so an earlier proposal of the same leader based on this
+        # epoch may still be in flight, and the bump makes it fail its compare-and-set instead
+        # of landing after we answered (the leader would then count a stale ISR for the HW).
         leader, leader_epoch = current.leader, current.leader_epoch
         if resigning:  # the first remaining member in preference order leads, a new epoch
             leader = next(r for r in current.replicas if r in new_isr)

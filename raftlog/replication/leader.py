@@ -37,8 +37,12 @@ AlterIsr = Callable[
 ]
 
 # The controller refused the change for certain, and our view is not merely stale.
+# OPERATION_NOT_ATTEMPTED is what it answers for a fenced or shutting-down replica (Kafka's
+# answer before AlterPartition v3; INELIGIBLE_REPLICA after): nothing was applied, so Kafka's
+# Partition.handleAlterPartitionError reverts to the committed state too.
 _DEFINITIVE_ALTER_ERRORS = frozenset({
     metadata_errors.INELIGIBLE_REPLICA,
+    int(ErrorCode.OPERATION_NOT_ATTEMPTED),
     metadata_errors.INVALID_REQUEST,
     metadata_errors.NOT_CONTROLLER,
     metadata_errors.UNKNOWN_TOPIC_OR_PARTITION,

@@ -519,13 +519,29 @@ def test_alter_partition_refuses_a_fenced_replica() -> None:
     assert code == OPERATION_NOT_ATTEMPTED
 
 
-def test_alter_partition_without_a_change_proposes_nothing() -> None:
+def test_alter_partition_without_a_change_commits_a_new_partition_epoch() -> None:
+    # A leader settling a change whose outcome it does not know asks for the committed ISR.
+    # The answer must be a new partition epoch: an earlier proposal based on the old epoch,
+    # still in flight when the core decided from the committed image, then fails its
+    # compare-and-set instead of landing after the leader was told the ISR (the HW stall of
+    # 2026-11-28: the leader kept a fenced replica in its maximal ISR for 90 s).
     cluster = Cluster()
     cluster.create("t", (1, 2, 3))
     current = cluster.partition()
-    decision = cluster.core.alter_partition(cluster.image, AlterPartitionRequest(
+    in_flight = cluster.core.alter_partition(cluster.image, AlterPartitionRequest(
+        1, -1, "t", 0, current.leader_epoch, (1, 2), current.partition_epoch))
+    settle = cluster.core.alter_partition(cluster.image, AlterPartitionRequest(
         1, -1, "t", 0, current.leader_epoch, current.isr, current.partition_epoch))
-    assert decision.ok and decision.proposals == () and decision.partition == current
+    assert settle.ok and settle.partition == current
+    (result,) = cluster.apply(settle.proposals)
+    assert result.ok
+    settled = cluster.partition()
+    assert settled.isr == current.isr and settled.leader == current.leader
+    assert settled.leader_epoch == current.leader_epoch
+    assert settled.partition_epoch == current.partition_epoch + 1
+    (late,) = cluster.apply(in_flight.proposals)
+    assert not late.ok, "the earlier proposal lands after the answer"
+    assert cluster.partition() == settled
 
 
 # --- Preferred leaders ------------------------------------------------------------------------

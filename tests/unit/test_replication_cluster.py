@@ -2,8 +2,9 @@
 
 Each node has its own data directory, PartitionManager, ReplicaManager and KafkaApis served by
 ``serve_listener`` on a loopback port; every node is driven by the same metadata images, built
-with the metadata state machine (no quorum). The fake ``alter_isr`` applies a PartitionChange
-to that state machine and publishes the new image to every node, as the controller would. A
+with the metadata state machine (no quorum). The ``alter_isr`` asks the real controller core
+to decide, applies its PartitionChange to that state machine and publishes the new image to
+every node, as the controller service would. A
 leader can be told to refuse Fetch requests from chosen followers (a network partition).
 """
 
@@ -22,6 +23,12 @@ import trio
 from raftlog.broker.apis import KafkaApis
 from raftlog.client.connection import ClusterLogin, KafkaConnection
 from raftlog.config import ServerConfig
+from raftlog.controller.core import (
+    ANY_BROKER_EPOCH,
+    AlterPartitionRequest,
+    ControllerCore,
+    ControllerSettings,
+)
 from raftlog.metadata.image import MetadataImage, PartitionImage
 from raftlog.metadata.records import (
     BecomeController,
@@ -50,6 +57,7 @@ from raftlog.server.listener import (
 )
 from raftlog.server.sasl import SaslApis, broker_epoch_extension
 
+OPERATION_NOT_ATTEMPTED = int(ErrorCode.OPERATION_NOT_ATTEMPTED)
 CREDENTIALS = ClusterCredentials("replication-test-secret")
 LIMITS = ListenerLimits(request_bytes_max=1 << 24, idle_ms_max=60_000)
 FAST = ReplicationSettings(
@@ -154,7 +162,10 @@ class Cluster:
                  ) -> None:
         self.settings = settings
         self.driver = MachineDriver()
+        self.core = ControllerCore(ControllerSettings(node_id=min(node_ids)),
+                                   self.driver.machine.image, 0)
         self.alter_isr_calls: list[tuple[int, ...]] = []
+        self.alter_isr_answers: list[int] = []  # every AlterPartition's error code
         self.nodes = {node_id: TestNode(self, node_id, root) for node_id in node_ids}
 
     @property
@@ -203,12 +214,16 @@ class Cluster:
         await trio.sleep(0.01)  # an RPC takes a while
         current = self.image.partition(topic, index)
         assert current is not None
-        if leader_epoch != current.leader_epoch:
-            return ErrorCode.FENCED_LEADER_EPOCH, None
-        result = self.driver.apply(PartitionChange(topic, index, current.leader, new_isr,
-                                                   leader_epoch, partition_epoch + 1))
-        if not result.ok:
-            return result.error_code, None
+        decision = self.core.alter_partition(self.image, AlterPartitionRequest(
+            current.leader, ANY_BROKER_EPOCH, topic, index, leader_epoch, new_isr,
+            partition_epoch))
+        self.alter_isr_answers.append(decision.error_code)
+        if not decision.ok:
+            return decision.error_code, decision.partition
+        for proposal in decision.proposals:
+            result = self.driver.apply(proposal.record)
+            if not result.ok:
+                return result.error_code, None
         self.alter_isr_calls.append(new_isr)
         self.publish()
         return ErrorCode.NONE, self.image.partition(topic, index)
@@ -652,4 +667,30 @@ async def test_a_fenced_node_leads_nothing(tmp_path: Path) -> None:
         cluster.publish()
         assert nodes[1].partition().is_leader
         assert (await produce(client, record_batch(2))).error_code == 0
+        await client.aclose()
+
+
+async def test_a_refused_expansion_does_not_hold_the_high_watermark(tmp_path: Path) -> None:
+    # The stall of 2026-11-28 (test_compaction under CI): the controller shrank a stopped
+    # replica out of the ISR and fenced it; the leader saw the shrink before the fence, asked
+    # to add the replica back (it had been caught up) and was refused with
+    # OPERATION_NOT_ATTEMPTED. It took that refusal for an unknown outcome, kept the replica in
+    # its maximal ISR, and its settling request (the committed ISR itself) was answered with
+    # the same partition epoch, which resolved nothing: the HW stood still for 90 s.
+    async with running_cluster(tmp_path) as (cluster, _):
+        nodes = cluster.nodes
+        cluster.create_topic((1, 2, 3))
+        client = await connect(nodes[1])
+        assert (await produce(client, record_batch(0))).error_code == 0
+        await eventually(lambda: caught_up(nodes.values()))
+        await nodes[3].stop()
+        cluster.change(leader=1, isr=(1, 2), new_epoch=False)
+        assert cluster.driver.apply(FenceBroker(3)).ok  # node 1 does not know yet
+        await eventually(lambda: OPERATION_NOT_ATTEMPTED in cluster.alter_isr_answers)
+        cluster.publish()  # now it does: 3 may not join, and must not hold the HW
+        result = await produce(client, record_batch(1), timeout_ms=5000)
+        assert result.error_code == 0, result
+        leader_state = nodes[1].partition().leader_state
+        assert leader_state is not None and leader_state.maximal_isr == (1, 2)
+        assert nodes[1].partition().high_watermark == 6
         await client.aclose()
