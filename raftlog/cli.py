@@ -6,7 +6,7 @@
     raftlog produce TOPIC [--key-separator SEP]        (lines from stdin)
     raftlog consume TOPIC [--from-beginning] [--max-messages N]
     raftlog demo                                       (start a node, produce, consume, stop)
-    raftlog cluster up [--nodes 3] [--data-dir DIR] [--port-base N]   (a local cluster)
+    raftlog cluster up [--nodes 3] [--data-dir DIR] [--port-base N] [--override K=V ...]
     raftlog quorum status --bootstrap-server HOST:PORT (the metadata quorum: voters, leader, lag)
     raftlog groups list|describe|delete|reset-offsets --bootstrap-server HOST:PORT [--group G]
     raftlog transactions list|describe|abort --bootstrap-server HOST:PORT [--transactional-id ID]
@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_argument("--secure", action="store_true", default=None,
                          help="SASL_SSL listeners with a local CA and an admin SCRAM user;"
                               " prints a client config file (fixed at creation)")
+    cluster.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                         help="a server property for every node, this start only"
+                              " (e.g. trace.produce.enable=true)")
 
     quorum = commands.add_parser("quorum", help="describe the metadata quorum")
     quorum.add_argument("action", choices=["status"])
@@ -187,8 +190,8 @@ def _run(args: argparse.Namespace) -> int:
             return trio.run(functools.partial(
                 cluster_up, Path(args.data_dir), args.nodes, args.port_base,
                 log_level=args.log_level.upper(), ready_timeout_s=args.ready_timeout,
-                secure=args.secure))
-        except ClusterError as exc:
+                secure=args.secure, overrides=_key_values(args.override, "--override")))
+        except (ClusterError, ConfigError) as exc:
             print(f"raftlog cluster: {exc}", file=sys.stderr)
             return 2
     if args.command == "quorum":

@@ -59,6 +59,7 @@ from raftlog.observe.http import MetricsServer, endpoint_url
 from raftlog.observe.parts import NodeParts
 from raftlog.observe.registry import build_registry, metrics_settings
 from raftlog.observe.runtime import LoopMonitor
+from raftlog.partition.append_trace import TraceStats
 from raftlog.partition.cleaner_service import CleanerSettings, LogCleaner
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.scrubber import LogScrubber
@@ -99,6 +100,15 @@ log = logging.getLogger(__name__)
 METADATA_WATCH_TIMEOUT_S: Final = 1.0
 
 
+async def _log_trace_summaries(stats: TraceStats, interval_ms: int) -> None:
+    """trace.produce.enable: one line of stage percentiles per interval with traffic."""
+    while True:
+        await trio.sleep(interval_ms / 1000)
+        line = stats.take_summary()
+        if line is not None:
+            log.info("produce trace: %s", line)
+
+
 def uses_local_quorum(config: ServerConfig) -> bool:
     """Whether ``config`` describes a single combined node (its own and only voter)."""
     voters = config.controller_quorum_voters
@@ -119,7 +129,8 @@ class Node:
             retention_check_interval_ms=config.log_retention_check_interval_ms,
             producer_id_expiration_ms=config.producer_id_expiration_ms,
             producer_id_expiration_check_interval_ms=(
-                config.producer_id_expiration_check_interval_ms))
+                config.producer_id_expiration_check_interval_ms),
+            trace_stats=TraceStats() if config.trace_produce_enable else None)
         self.cleaner = LogCleaner(self.manager, CleanerSettings(
             enable=config.log_cleaner_enable, backoff_ms=config.log_cleaner_backoff_ms,
             dedupe_buffer_bytes=config.log_cleaner_dedupe_buffer_size))
@@ -263,6 +274,9 @@ class Node:
                 nursery.start_soon(self.manager.run_producer_expiration)
                 nursery.start_soon(self.cleaner.run)  # log compaction
                 nursery.start_soon(self.scrubber.run)  # CRC checks of segments from disk
+                if self.manager.trace_stats is not None:
+                    nursery.start_soon(_log_trace_summaries, self.manager.trace_stats,
+                                       config.trace_produce_summary_interval_ms)
                 await nursery.start(replicas.run)
                 nursery.start_soon(_follow_metadata, quorum, apis)
                 served = guard_handlers(gate.wrap(handlers), guards(), authorizer, refusals,

@@ -20,6 +20,7 @@ from raftlog.metrics.recorders import Counter, CounterMap
 from raftlog.partition.errors import OffsetOutOfRangeError
 from raftlog.partition.log import describe_os_error
 from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import Partition
 from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FETCH
@@ -255,6 +256,8 @@ class FetchApis:
             result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
             return result, 0
         result["records"] = read.slices
+        if plan.from_follower and partition.trace is not None:
+            _trace_sent(partition, plan.replica_id, read.size_bytes, limit, max_offset)
         if plan.isolation_level == READ_COMMITTED and not plan.from_follower:
             # Transactions: the aborted ones overlapping what is returned, so the consumer
             # drops their batches (KIP-98; upper bound: the LSO, a harmless superset).
@@ -274,6 +277,15 @@ def follower_can_advance_start(reported_start: int, fetch_offset: int, leader_st
     if reported_start < 0:  # Fetch < v5 reports none
         return False
     return reported_start < min(leader_start, leader_high_watermark, fetch_offset)
+
+
+def _trace_sent(partition: Partition, replica_id: int, size_bytes: int, limit_bytes: int,
+                max_offset: int) -> None:
+    """A follower's answer carries everything up to ``max_offset`` unless the byte limit cut
+    it; only then is it "sent" (``append_trace``)."""
+    assert partition.trace is not None
+    if size_bytes < limit_bytes:
+        partition.trace.sent(replica_id, max_offset)
 
 
 def _close_regions(body: Body) -> None:

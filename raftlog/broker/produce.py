@@ -155,6 +155,8 @@ class ProduceApis:
                 for wait in waits:
                     await wait.partition.wait_until(wait.settled, deadline)
                     wait.result["error_code"] = wait.error_code()
+                    if wait.partition.trace is not None:
+                        wait.partition.trace.answered(wait.target)
             finally:
                 if delayed:
                     stats.waiting -= 1

@@ -134,6 +134,10 @@ DEFAULTS: Final[Mapping[str, str | None]] = {
     # absent (port 0 picks a free port); and the two opt-ins into per-partition series.
     "metrics.listener": None,
     "metrics.partition.detail.enable": "false",
+    # raftlog's own: per-stage timing of the replication path, one summary line per interval
+    # (raftlog.partition.append_trace). Off: it is for finding latency, not for production.
+    "trace.produce.enable": "false",
+    "trace.produce.summary.interval.ms": "10000",
     "metrics.consumer.group.lag.partition.enable": "false",
     # SASL for clients (raftlog.config.sasl): sasl.enabled.mechanisms, sasl.jaas.config,
     # connections.max.reauth.ms.

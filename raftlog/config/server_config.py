@@ -132,6 +132,8 @@ class ServerConfig:
     # metrics.listener as (host, port), None when the metrics endpoint is off.
     metrics_listener: tuple[str, int] | None = None
     metrics_partition_detail_enable: bool = False
+    trace_produce_enable: bool = False  # trace.produce.enable
+    trace_produce_summary_interval_ms: int = 10_000
     metrics_consumer_group_lag_partition_enable: bool = False
     # Each listener's security protocol and each SSL/SASL_SSL listener's TLS settings.
     listener_protocols: tuple[tuple[str, str], ...] = ()
@@ -296,6 +298,9 @@ def _build(props: Properties) -> ServerConfig:
         quota_window_size_seconds=props.integer("quota.window.size.seconds", 1, 3600),
         metrics_listener=parse_metrics_listener(props.text("metrics.listener"), listeners),
         metrics_partition_detail_enable=props.boolean("metrics.partition.detail.enable"),
+        trace_produce_enable=props.boolean("trace.produce.enable"),
+        trace_produce_summary_interval_ms=props.integer("trace.produce.summary.interval.ms",
+                                                        100),
         sasl=parse_sasl_settings(props.given, props.required("listener.security.protocol.map"),
                                  tuple(listener.name for listener in listeners)),
         authorizer=parse_authorizer_settings(props.given),

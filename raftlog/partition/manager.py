@@ -34,6 +34,7 @@ import trio
 
 from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
 from raftlog.metrics.recorders import Counter, Histogram
+from raftlog.partition.append_trace import AppendTrace, TraceStats
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.log import (
     FlushTicket,
@@ -123,6 +124,7 @@ class PartitionManager:
         producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT,
         producer_id_expiration_check_interval_ms: int = (
             PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
+        trace_stats: TraceStats | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.node_id = node_id
@@ -142,6 +144,8 @@ class PartitionManager:
         self.retention_check_interval_ms = retention_check_interval_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.producer_id_expiration_check_interval_ms = producer_id_expiration_check_interval_ms
+        # trace.produce.enable: every partition traces its appends into these (else None).
+        self.trace_stats = trace_stats
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
@@ -163,7 +167,9 @@ class PartitionManager:
                                           corrupt_batches=self.stats.corrupt_batches)
         partition = Partition(topic, index, partition_log, leader_epoch,
                               leader_id=self.node_id, replicas=(self.node_id,),
-                              isr=(self.node_id,), on_append=self.note_append)
+                              isr=(self.node_id,), on_append=self.note_append,
+                              trace=None if self.trace_stats is None
+                              else AppendTrace(self.trace_stats))
         partition_log.verifier.listener = lambda: self.on_corrupt(partition)
         partition.apply_configs(configs)
         partition.load_producers()
@@ -310,6 +316,8 @@ class PartitionManager:
                 self._storage_failed(partition, "fsync", failure)
                 continue
             partition.log.complete_flush(ticket)
+            if partition.trace is not None:
+                partition.trace.flushed(partition.log.flushed_offset)
             partition.notify_changed()  # acks=1 producers and followers wait for this
             if partition.durable_acks:
                 self.update_high_watermark(partition)

@@ -26,6 +26,7 @@ import trio
 from raftlog.log_budget import LogBudget
 from raftlog.metadata.image import NO_LEADER, PartitionImage
 from raftlog.partition.append import AppendOrigin, AppendResult
+from raftlog.partition.append_trace import AppendTrace
 from raftlog.partition.batch import BatchHeader, validate_batches
 from raftlog.partition.cleaner import has_record_without_key, is_compacted
 from raftlog.partition.errors import OffsetOutOfRangeError
@@ -115,6 +116,8 @@ class Partition:
     # Called after every append: the owning PartitionManager's group commit and HW
     # bookkeeping (``PartitionManager.note_append``).
     on_append: Callable[[Partition], None] = field(default=_no_listener, repr=False)
+    # Per-stage timing of one client append at a time (trace.produce.enable), else None.
+    trace: AppendTrace | None = field(default=None, repr=False)
     _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -207,6 +210,8 @@ class Partition:
         if offset <= self.high_watermark:
             return False
         self.high_watermark = offset
+        if self.trace is not None:
+            self.trace.high_watermark(offset)
         self.notify_changed()
         return True
 
@@ -225,6 +230,8 @@ class Partition:
             end_offset = self.log.truncate_to(offset)
         finally:
             self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
+            if self.trace is not None:
+                self.trace.drop()
         self.load_txn_index()
         self.producers = truncate_producer_state(
             self.producers, self.log.directory, end_offset,
@@ -239,6 +246,8 @@ class Partition:
         """Empty the log and restart it at ``offset`` (below the leader's log start)."""
         self.log.reset_to(offset)
         self.high_watermark = offset
+        if self.trace is not None:
+            self.trace.drop()
         self.load_txn_index()
         self.producers = reset_producer_state(self.log.directory, offset, self.snapshot_fence)
         self.producers_snapshot_offset = -1
@@ -318,6 +327,8 @@ class Partition:
             self.producers.commit_appends(stated, info.base_offset, now,
                                           info.log_append_time_ms)
         self.on_append(self)
+        if self.trace is not None and origin is AppendOrigin.CLIENT:
+            self.trace.appended(info.last_offset + 1, max(len(self.isr) - 1, 0))
         return AppendResult(base_offset=info.base_offset, last_offset=info.last_offset,
                             log_append_time_ms=info.log_append_time_ms,
                             leadership_generation=self.leadership_generation)
@@ -459,6 +470,8 @@ class Partition:
             self.leadership_generation += 1  # producers waiting for acks=all must not trust it
         self.is_leader = False
         self.leader_state = None
+        if self.trace is not None:
+            self.trace.drop()
 
     def apply_configs(self, configs: Mapping[str, str]) -> None:
         """The topic's min.insync.replicas and replica.lag.time.max.ms, live."""

@@ -19,6 +19,7 @@ import trio
 from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.metrics.recorders import Counter
 from raftlog.partition.append import AppendOrigin
+from raftlog.partition.append_trace import FollowerRound
 from raftlog.partition.batch import BATCH_LENGTH_OFFSET, LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from raftlog.partition.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from raftlog.partition.errors import PartitionLogError, UnexpectedOffsetError
@@ -123,6 +124,8 @@ class LeaderFetcher:
         self._address: tuple[str, int] | None = None
         self._rotation = 0
         self._stale_answers = 0  # STALE_BROKER_EPOCH answers in a row
+        stats = self.manager.trace_stats  # trace.produce.enable: the rounds' stage timing
+        self._trace = None if stats is None else FollowerRound(stats)
 
     def start(self, nursery: trio.Nursery) -> None:
         if not self._started:
@@ -378,6 +381,8 @@ class LeaderFetcher:
             })
         wait_s = self.settings.fetch_wait_max_ms / 1000
         self.stats.requests.inc()
+        if self._trace is not None:
+            self._trace.fetch_sent()
         response = await self._request(connection, FETCH, {
             "replica_id": self.replicas.node_id,
             "max_wait_ms": self.settings.fetch_wait_max_ms,
@@ -391,6 +396,8 @@ class LeaderFetcher:
             "rack_id": "",
         }, FETCH_VERSION, extra_wait_s=wait_s)
         self.fetch_rounds += 1
+        if self._trace is not None:
+            self._trace.answered()
         if response.error_code != ErrorCode.NONE:
             for assignment in ready:
                 self._back_off(assignment, response.error_code, "Fetch")
@@ -423,6 +430,8 @@ class LeaderFetcher:
                     appended.append((answered, answered.partition.log.log_end_offset,
                                      result.high_watermark, result.log_start_offset))
         await self._sync_and_advance(appended)
+        if self._trace is not None:
+            self._trace.flushed()
         self._stale_answers = self._stale_answers + 1 if stale_epoch else 0
         if stale_epoch:
             # The connection authenticated with a broker epoch the leader does not hold as
@@ -458,6 +467,8 @@ class LeaderFetcher:
             assignment.delayed_until = trio.current_time() + self.settings.fetch_backoff_ms / 1000
             return False
         self.stats.appended_bytes.inc(len(data))
+        if self._trace is not None:
+            self._trace.appended()
         return True
 
     async def _sync_and_advance(

@@ -111,6 +111,8 @@ class IsrManager:
             return False
         if follower is not None and follower.log_start_offset != start_before:
             partition.notify_changed()
+        if partition.trace is not None:
+            partition.trace.fetched(replica_id, fetch_offset)
         self.manager.update_high_watermark(partition)
         if replica_id not in state.isr or fetch_offset < partition.high_watermark:
             self.maybe_change_isr(partition, now)  # joining, or fell below the HW: shrink

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -150,10 +150,12 @@ class ClusterLayout:
 
 
 def prepare(data_dir: Path, nodes: int | None, port_base: int | None,
-            secure: bool | None = None) -> ClusterLayout:
+            secure: bool | None = None, overrides: Mapping[str, str] | None = None
+            ) -> ClusterLayout:
     """Create the cluster directory, or check the arguments against the existing one, and
     (re)write every node's ``server.properties`` (``secure``: see ``secure_cluster``; None
-    keeps what the directory was made with).
+    keeps what the directory was made with; ``overrides``: properties for every node, this
+    start only, over the generated ones).
 
     Raises:
         ClusterError: the arguments contradict the existing cluster, or are invalid.
@@ -190,7 +192,7 @@ def prepare(data_dir: Path, nodes: int | None, port_base: int | None,
     for node_id in layout.node_ids:
         node_dir = node_directory(data_dir, node_id)
         node_dir.mkdir(exist_ok=True)
-        properties = node_properties(layout, node_id, data_dir)
+        properties = {**node_properties(layout, node_id, data_dir), **(overrides or {})}
         (node_dir / "server.properties").write_text(
             "".join(f"{key}={value}\n" for key, value in properties.items()), encoding="utf-8"
         )
@@ -295,9 +297,10 @@ async def cluster_up(
     log_level: str = "INFO",
     ready_timeout_s: float = READY_TIMEOUT_S,
     secure: bool | None = None,
+    overrides: Mapping[str, str] | None = None,
 ) -> int:
     """Run the cluster until SIGINT/SIGTERM; 0 after a clean stop, 1 if it never got ready."""
-    layout = prepare(data_dir, nodes, port_base, secure)
+    layout = prepare(data_dir, nodes, port_base, secure, overrides)
     client_config = secure_directory(data_dir) / CLIENT_PROPERTIES
     security = load_security(str(client_config)) if layout.secure else PLAINTEXT
     check_ports_free(layout)
