@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security spark-failover-under-load bench-latency
+.PHONY: demo test lint unit integration bench bench-metrics fuzz apt-test apt-bench clean jepsen-hunt lazyfs idempotence-check bench-security spark-failover-under-load bench-latency scale
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -104,6 +104,13 @@ bench-security: $(STAMP)
 LATENCY_ARGS ?=
 bench-latency: $(STAMP) apt-bench
 	$(PY) bench/latency.py $(LATENCY_ARGS)
+
+# Issue 18's scale test (bench/scale.py): 1,000 partitions RF 3 on 3 nodes, a restart, and the
+# time until every partition is led with a full ISR (target 30 s), with RSS. The 10,000 case:
+# make scale SCALE_ARGS='--topics 1000 --json scale-10k.json'.
+SCALE_ARGS ?=
+scale: $(STAMP)
+	$(PY) bench/scale.py $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

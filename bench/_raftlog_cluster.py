@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,12 +175,15 @@ def measure_cpu_pids(pids: Mapping[str, int]) -> Iterator[MultiCpuMeter]:
 
 
 class RaftlogCluster:
-    """`raftlog cluster up --nodes N --data-dir DIR --port-base 0` run as a child process."""
+    """`raftlog cluster up --nodes N --data-dir DIR --port-base 0` run as a child process;
+    `cluster_args` are appended to its command line (`--override K=V`, `--ready-timeout S`)."""
 
-    def __init__(self, data_dir: Path, nodes: int = 3, log_level: str = "WARNING") -> None:
+    def __init__(self, data_dir: Path, nodes: int = 3, log_level: str = "WARNING",
+                 cluster_args: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
         self.nodes = nodes
         self.log_level = log_level
+        self.cluster_args = list(cluster_args)
         self.supervisor: subprocess.Popen[bytes] | None = None
         self.bootstrap = ""
         self.restarted: dict[int, subprocess.Popen[bytes]] = {}  # nodes we started ourselves
@@ -194,7 +197,8 @@ class RaftlogCluster:
         the launch to that line."""
         assert self.supervisor is None or self.supervisor.poll() is not None, "already up"
         argv = [sys.executable, "-m", "raftlog", "--log-level", self.log_level, "cluster", "up",
-                "--nodes", str(self.nodes), "--data-dir", str(self.data_dir), "--port-base", "0"]
+                "--nodes", str(self.nodes), "--data-dir", str(self.data_dir), "--port-base", "0",
+                *self.cluster_args]
         with self.supervisor_log.open("ab") as err:
             started = time.perf_counter()
             self.supervisor = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err,

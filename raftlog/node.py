@@ -197,8 +197,9 @@ class Node:
         refusals = Refusals()
         gate = ClusterActionGate(authorizer, refusals)
         channel = ControllerChannel(config.node_id, quorum, login=login)
+        heartbeat_channel = ControllerChannel(config.node_id, quorum, login=login)
         lifecycle = BrokerLifecycle(
-            self._configured, quorum, channel,
+            self._configured, quorum, channel, heartbeat_channel=heartbeat_channel,
             advertised=config.advertised_listener(),
             incarnation_id=incarnation_id,
             endpoints=lambda: [(listener.name, *self._advertised(listener.name))
@@ -252,7 +253,8 @@ class Node:
             controller_apis.handlers(),
             groups.handlers, txn_apis.handlers(), sasl_apis.handlers(),
         )
-        channel.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
+        for each in (channel, heartbeat_channel):
+            each.set_local_handlers({**controller_rpcs.handlers(), **controller_apis.handlers()})
         self.controller, self.lifecycle, self.replicas = controller, lifecycle, replicas
         self.parts = NodeParts(
             config=config, quorum=quorum, manager=self.manager, cleaner=self.cleaner,
@@ -305,6 +307,7 @@ class Node:
         finally:
             with trio.CancelScope(shield=True):
                 await channel.aclose()
+                await heartbeat_channel.aclose()
             self.manager.close()
             log.info("node %d stopped", config.node_id)
 
@@ -459,7 +462,7 @@ async def _follow_metadata(quorum: Quorum, apis: KafkaApis) -> None:
         except QuorumTimeoutError:
             continue
         version = image.version
-        apis.sync_partitions()
+        await apis.sync_partitions_cooperatively()
 
 
 async def run_until_signalled(config: ServerConfig) -> None:

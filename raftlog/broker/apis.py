@@ -15,7 +15,11 @@ FindCoordinator is ``raftlog.server.find_coordinator``'s; the controller-facing 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import trio
+import trio.lowlevel
 
 from raftlog.broker.delete_records import DeleteRecordsApis
 from raftlog.broker.describe_configs import ConfigApis, dynamic_broker_configs
@@ -32,6 +36,9 @@ from raftlog.quorum.interface import Quorum
 from raftlog.replication.manager import ReplicaManager
 from raftlog.server.listener import Handler, HandlerResult, RequestContext, api_versions_body
 from raftlog.server.sasl import ClusterActionGate
+
+# How long a metadata sync runs before it lets other tasks run (heartbeats, fetches).
+SYNC_SLICE_S: Final = 0.02
 
 __all__ = ["PARTITIONS_PER_REQUEST_MAX", "KafkaApis"]
 
@@ -110,5 +117,20 @@ class KafkaApis:
         """Brings local partitions and their roles in step with the metadata image: opens
         logs for partitions assigned to this node, makes each leader or follower, and
         deletes those no longer assigned here (see ``ReplicaManager.apply_image``)."""
+        for _ in self._sync_steps():
+            pass
+
+    async def sync_partitions_cooperatively(self) -> None:
+        """``sync_partitions``, letting other tasks run every ``SYNC_SLICE_S``: a metadata
+        change that moves a thousand partitions here (a restart, a fenced peer) must not hold
+        the broker's heartbeat back until its session expires."""
+        slice_start = trio.current_time()
+        for _ in self._sync_steps():
+            if trio.current_time() - slice_start >= SYNC_SLICE_S:
+                await trio.lowlevel.checkpoint()
+                slice_start = trio.current_time()
+
+    def _sync_steps(self) -> Iterator[None]:
         dynamic = dynamic_broker_configs(self.quorum.image, self.config.node_id)
-        self.replicas.apply_image(self.quorum.image, self.config.topic_defaults(dynamic))
+        return self.replicas.apply_image_steps(self.quorum.image,
+                                               self.config.topic_defaults(dynamic))

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import trio
 
+from raftlog.broker.alter_partition_sender import AlterPartitionSender
 from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
 from raftlog.config import ServerConfig
 from raftlog.controller.core import (
@@ -241,11 +242,17 @@ class BrokerLifecycle:
         advertised: tuple[str, int],
         incarnation_id: str | None = None,
         endpoints: Callable[[], list[tuple[str, str, int]]] | None = None,
+        heartbeat_channel: ControllerChannel | None = None,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
         self._quorum = quorum
         self.channel = channel
+        # Registration and heartbeats on their own connection (Kafka's separate heartbeat
+        # channel): answers come in request order on a connection, so behind a thousand
+        # AlterPartition requests waiting for their commits a heartbeat came too late and
+        # the broker was fenced; and a timed-out request drops its connection.
+        self._heartbeat_channel = channel if heartbeat_channel is None else heartbeat_channel
         self.advertised = advertised
         # (listener, host, port) of every advertised listener, read at each registration (a
         # listener on port 0 knows its port once bound); the config's by default.
@@ -264,6 +271,9 @@ class BrokerLifecycle:
         self._registered = trio.Event()
         self._state_changed = trio.Event()
         self._wake = trio.Event()
+        self._isr_sender = AlterPartitionSender(
+            self._send_alter_partition, self.node_id, lambda: self.broker_epoch,
+            self._partition_from)
 
     # --- Observers ------------------------------------------------------------------------
 
@@ -286,11 +296,14 @@ class BrokerLifecycle:
     # --- The service task -------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Register, then heartbeat; re-register whenever the controller forgets us."""
-        task_status.started()
-        while True:
-            await self._register()
-            await self._heartbeat_until_stale()
+        """Register, then heartbeat; re-register whenever the controller forgets us. Also
+        sends the ISR changes (``alter_isr``)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._isr_sender.run)
+            task_status.started()
+            while True:
+                await self._register()
+                await self._heartbeat_until_stale()
 
     def _registration_body(self) -> dict[str, Any]:
         """Every advertised listener, the inter-broker one first (KRaft registers them all;
@@ -315,7 +328,7 @@ class BrokerLifecycle:
         backoff = BACKOFF_S_MIN
         while True:
             try:
-                response = await self.channel.call(
+                response = await self._heartbeat_channel.call(
                     BROKER_REGISTRATION, self._registration_body(), version=0,
                     timeout_s=self._request_timeout_s,
                 )  # fmt: skip
@@ -348,7 +361,7 @@ class BrokerLifecycle:
     async def _heartbeat_until_stale(self) -> None:
         while True:
             try:
-                response = await self.channel.call(
+                response = await self._heartbeat_channel.call(
                     BROKER_HEARTBEAT, self._heartbeat_body(), version=0,
                     timeout_s=self._request_timeout_s,
                 )  # fmt: skip
@@ -432,35 +445,25 @@ class BrokerLifecycle:
         partition_epoch: int,
     ) -> tuple[int, PartitionImage | None]:
         """AlterPartition for one partition this broker leads (``ReplicaManager``'s
-        ``alter_isr``): returns the error code and the partition as the controller committed
-        it (on success) or currently has it (on a refusal that carries it), else None.
+        ``alter_isr``), sent with every other change queued meanwhile
+        (``AlterPartitionSender``): returns the error code and the partition as the
+        controller committed it (on success) or currently has it (on a refusal that carries
+        it), else None.
 
         Raises:
-            ControllerUnreachableError: no controller answered in time (outcome unknown: the
-                change may or may not have been committed).
+            AlterPartitionUnansweredError: no controller answered in time (outcome unknown:
+                the change may or may not have been committed).
+            SupersededError: a newer change of this partition replaced it before it was sent.
         """
-        body = {
-            "broker_id": self.node_id,
-            "broker_epoch": self.broker_epoch,
-            "topics": [{"topic_name": topic, "partitions": [{
-                "partition_index": partition, "leader_epoch": leader_epoch,
-                "new_isr": list(new_isr), "leader_recovery_state": 0,
-                "partition_epoch": partition_epoch,
-            }]}],
-        }  # fmt: skip
-        response = await self.channel.call(
-            ALTER_PARTITION, body, version=ALTER_PARTITION_VERSION,
-            timeout_s=self._request_timeout_s,
-        )  # fmt: skip
-        if response.error_code != errors.NONE:
-            return response.error_code, None
-        for topic_result in response.topics:
-            for result in topic_result.partitions:
-                if topic_result.topic_name == topic and result.partition_index == partition:
-                    return result.error_code, self._partition_from(topic, result)
-        return errors.UNKNOWN_TOPIC_OR_PARTITION, None
+        return await self._isr_sender.alter_isr(topic, partition, new_isr, leader_epoch,
+                                                partition_epoch)
+
+    async def _send_alter_partition(self, body: dict[str, Any]) -> Struct:
+        return await self.channel.call(ALTER_PARTITION, body, version=ALTER_PARTITION_VERSION,
+                                       timeout_s=self._request_timeout_s)
 
     def _partition_from(self, topic: str, result: Struct) -> PartitionImage | None:
+        """The partition as an AlterPartition answer gives it (None without an epoch)."""
         if result.partition_epoch < 0:
             return None
         known = self._quorum.image.partition(topic, result.partition_index)

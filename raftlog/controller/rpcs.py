@@ -151,15 +151,14 @@ class ControllerRpcs:
         ]
 
         async def alter_all() -> Body:
+            try:
+                answers = await self.controller.alter_partitions(wanted)
+            except ControllerUnavailableError as exc:
+                if exc.error_code == errors.NOT_CONTROLLER:
+                    return {"throttle_time_ms": 0, "error_code": exc.error_code, "topics": []}
+                answers = [AlterPartitionResult(exc.error_code) for _ in wanted]
             results: dict[str, list[Body]] = {}
-            for item in wanted:
-                try:
-                    result = await self.controller.alter_partition(item)
-                except ControllerUnavailableError as exc:
-                    if exc.error_code == errors.NOT_CONTROLLER:
-                        return {"throttle_time_ms": 0, "error_code": exc.error_code,
-                                "topics": []}
-                    result = AlterPartitionResult(exc.error_code)
+            for item, result in zip(wanted, answers, strict=True):
                 results.setdefault(item.topic, []).append(_alter_result(item, result))
             top = _top_level_alter_error(results)
             if top is not None:

@@ -5,7 +5,7 @@ and its ``BecomeController`` for the term is applied), then runs one *active ter
 core, a reconciliation loop that proposes the core's records, and a watcher that cancels the
 term the moment leadership is lost or the image moves to another controller term. Requests
 from brokers (served by :mod:`raftlog.controller.rpcs`) call the ``register`` /
-``heartbeat`` / ``alter_partition`` / ``allocate_producer_ids`` methods, which raise
+``heartbeat`` / ``alter_partitions`` / ``allocate_producer_ids`` methods, which raise
 :class:`ControllerUnavailableError` with NOT_CONTROLLER when no term is active here.
 
 Every proposal goes through ``quorum.propose``, which stamps the controller term; each carries
@@ -26,6 +26,7 @@ from typing import Final
 import trio
 
 from raftlog.config import ServerConfig
+from raftlog.controller.batching import batch_partition_changes, split_outcome
 from raftlog.controller.core import (
     AlterPartitionRequest,
     ConfigAlteration,
@@ -37,6 +38,7 @@ from raftlog.controller.core import (
     Registration,
     plan_config_change,
 )
+from raftlog.controller.decisions import Decision
 from raftlog.metadata import errors
 from raftlog.metadata.errors import wire_error_code
 from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
@@ -44,6 +46,7 @@ from raftlog.metadata.placement import PlacementError
 from raftlog.metadata.records import (
     FenceBroker,
     PartitionChange,
+    PartitionChanges,
     ProducerIdBlock,
     Record,
     UnfenceBroker,
@@ -235,15 +238,16 @@ class ControllerService:
             term.wake = trio.Event()
             image, now_ms = self._quorum.image, self.now_ms()
             term.core.note_unreachable(image, self._unreachable_voters(), now_ms)
-            for proposal in term.core.tick(image, now_ms):
+            for proposal in batch_partition_changes(term.core.tick(image, now_ms)):
                 try:
                     result = await self._propose(term, proposal)
                 except ControllerUnavailableError as exc:
-                    log.warning("controller proposal %s failed: %s", proposal.record, exc)
+                    log.warning("controller proposal %s failed: %s", _describe(proposal), exc)
                     break
-                _log_outcome(proposal, result)
-                if result.ok and isinstance(proposal.record, PartitionChange):
-                    self.stats.count_election(image, proposal.record)
+                for single, outcome in split_outcome(proposal, result):
+                    _log_outcome(single, outcome)
+                    if outcome.ok and isinstance(single.record, PartitionChange):
+                        self.stats.count_election(image, single.record)
             with trio.move_on_after(self._tick_interval_s):
                 await term.wake.wait()
 
@@ -291,14 +295,15 @@ class ControllerService:
         decision = term.core.register(self._quorum.image, request, self.now_ms())
         if not decision.ok:
             return decision.error_code, decision.message, -1
-        # A new incarnation first leaves the ISRs and leaderships its predecessor held, then
-        # registers (each commits on its own; the last proposal is the registration).
+        # A new incarnation first leaves the ISRs and leaderships its predecessor held (one
+        # entry for all of them), then registers (the last proposal is the registration).
         *leaves, registration = decision.proposals
-        for leave in leaves:
+        for leave in batch_partition_changes(leaves):
             left = await self._propose(term, leave)
-            if not left.ok:
-                log.info("broker %d: leaving %s before its new incarnation registers: %s",
-                         request.broker_id, leave.record, left.message)
+            for single, outcome in split_outcome(leave, left):
+                if not outcome.ok:
+                    log.info("broker %d: leaving %s before its new incarnation registers: %s",
+                             request.broker_id, single.record, outcome.message)
         result = await self._propose(term, registration)
         if not result.ok:
             return wire_error_code(result.error_code), result.message, -1
@@ -318,32 +323,48 @@ class ControllerService:
         decision = term.core.heartbeat(self._quorum.image, request, self.now_ms())
         if not decision.ok:
             return HeartbeatReply(decision.error_code)
-        for proposal in decision.proposals:
-            _log_outcome(proposal, await self._propose(term, proposal))
+        for proposal in batch_partition_changes(decision.proposals):
+            for single, outcome in split_outcome(proposal, await self._propose(term, proposal)):
+                _log_outcome(single, outcome)
         if decision.proposals or request.want_shut_down or request.want_fence:
             self.wake()
         return term.core.heartbeat_reply(self._quorum.image, request)
 
-    async def alter_partition(self, request: AlterPartitionRequest) -> AlterPartitionResult:
-        """One partition of an AlterPartition request.
+    async def alter_partitions(self, requests: list[AlterPartitionRequest]
+                               ) -> list[AlterPartitionResult]:
+        """Every partition of one AlterPartition request, decided on one image and committed
+        in one Raft entry (``batching``); answers in request order. A partition named twice
+        is decided on the image before the request, so its second change fails its
+        partition-epoch check (the broker retries it).
 
         Raises:
             ControllerUnavailableError: not the controller, or the quorum did not commit.
         """
         term = self._require()
-        decision = term.core.alter_partition(self._quorum.image, request)
+        image = self._quorum.image
+        decisions = [term.core.alter_partition(image, request) for request in requests]
+        proposals = [d.proposals[0] for d in decisions if d.ok and d.proposals]
+        outcomes: dict[int, ApplyResult] = {}  # id(proposal) -> its result
+        for batch in batch_partition_changes(proposals):
+            for single, outcome in split_outcome(batch, await self._propose(term, batch)):
+                outcomes[id(single.record)] = outcome
+        return [self._alter_result(request, decision, outcomes)
+                for request, decision in zip(requests, decisions, strict=True)]
+
+    def _alter_result(self, request: AlterPartitionRequest, decision: Decision,
+                      outcomes: Mapping[int, ApplyResult]) -> AlterPartitionResult:
         if not decision.ok or not decision.proposals:
             return AlterPartitionResult(decision.error_code, decision.partition)
-        (proposal,) = decision.proposals
-        result = await self._propose(term, proposal)
+        change = decision.proposals[0].record
+        assert isinstance(change, PartitionChange)
+        result = outcomes[id(change)]
         partition = self._quorum.image.partition(request.topic, request.partition)
         if not result.ok:
             return AlterPartitionResult(wire_error_code(result.error_code), partition)
-        assert isinstance(proposal.record, PartitionChange)
         log.info("%s-%d ISR %s -> %s (AlterPartition from %d)", request.topic,
                  request.partition, list(decision.partition.isr) if decision.partition else "?",
-                 list(proposal.record.isr), request.broker_id)
-        return AlterPartitionResult(errors.NONE, _changed(partition, proposal.record))
+                 list(change.isr), request.broker_id)
+        return AlterPartitionResult(errors.NONE, _changed(partition, change))
 
     async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
         """AllocateProducerIds: returns (first id, block length).
@@ -448,6 +469,13 @@ def _changed(partition: PartitionImage | None, change: PartitionChange) -> Parti
         change.leader_epoch,
         change.partition_epoch,
     )
+
+
+def _describe(proposal: Proposal) -> str:
+    record = proposal.record
+    if isinstance(record, PartitionChanges):
+        return f"PartitionChanges({len(record.changes)} partitions, {proposal.reason})"
+    return repr(record)
 
 
 def _log_outcome(proposal: Proposal, result: ApplyResult) -> None:

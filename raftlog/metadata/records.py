@@ -208,6 +208,19 @@ class AlterClientQuota:
     remove: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionChanges:
+    """Many PartitionChange in one command (Kafka's controller writes a broker's partition
+    moves as one record batch): each applies on its own terms, and one whose check fails (a
+    stale partition epoch, a partition gone) is skipped without failing the others. Fencing
+    a broker, a new incarnation leaving what its predecessor held, a controlled shutdown and
+    the reconciliation move hundreds of partitions at once: one Raft entry, not hundreds."""
+
+    TAG: ClassVar[int] = 16
+    VERSION: ClassVar[int] = 0
+    changes: tuple[PartitionChange, ...]
+
+
 Record: TypeAlias = (
     RegisterBroker
     | FenceBroker
@@ -217,6 +230,7 @@ Record: TypeAlias = (
     | CreatePartitions
     | AlterConfigs
     | PartitionChange
+    | PartitionChanges
     | ProducerIdBlock
     | BecomeController
     | AlterUserScram
@@ -242,6 +256,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     CreateAcls,
     DeleteAcls,
     AlterClientQuota,
+    PartitionChanges,
 )
 RECORD_TYPE_BY_TAG: Final[dict[int, type[Record]]] = {cls.TAG: cls for cls in RECORD_TYPES}
 

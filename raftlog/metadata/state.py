@@ -64,6 +64,7 @@ from raftlog.metadata.records import (
     DeleteTopic,
     FenceBroker,
     PartitionChange,
+    PartitionChanges,
     ProducerIdBlock,
     Record,
     RegisterBroker,
@@ -77,6 +78,7 @@ from raftlog.metadata.topic_apply import (
     create_topic,
     delete_topic,
     partition_change,
+    partition_changes,
     validate_topic_name,
 )
 
@@ -112,7 +114,8 @@ class ApplyResult:
         value: Record-specific result: the topic id for CreateTopic/DeleteTopic, the partition
             count for CreatePartitions, the broker epoch for RegisterBroker, the first id of
             the block for ProducerIdBlock, the term for BecomeController, the partition epoch
-            for PartitionChange; None otherwise.
+            for PartitionChange, for PartitionChanges each change's error code (two bytes
+            big-endian, 0 applied); None otherwise.
     """
 
     error_code: int
@@ -168,6 +171,8 @@ def _apply_record(
             return alter_configs(image, record, offset)
         case PartitionChange():
             return partition_change(image, record, offset)
+        case PartitionChanges():
+            return partition_changes(image, record, offset)
         case ProducerIdBlock():
             return producer_id_block(image, record)
         case BecomeController():
@@ -246,7 +251,7 @@ def _resource_version(image: MetadataImage, record: Record) -> int:
             resource = image.broker_configs.get(record.resource_name)
             return -1 if resource is None else resource.version
         case (ProducerIdBlock() | BecomeController() | AlterUserScram() | BootstrapScramUsers()
-              | AlterClientQuota()):
+              | AlterClientQuota() | PartitionChanges()):
             return -1
         case CreateAcls() | DeleteAcls():
             return image.acl_version

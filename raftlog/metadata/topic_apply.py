@@ -13,6 +13,7 @@ from typing import Final
 from raftlog.config import validate_topic_config
 from raftlog.metadata import errors
 from raftlog.metadata.apply_support import (
+    Rejected,
     existing_topic,
     reject,
     with_item,
@@ -26,7 +27,13 @@ from raftlog.metadata.image import (
     TopicImage,
     frozen_mapping,
 )
-from raftlog.metadata.records import CreatePartitions, CreateTopic, DeleteTopic, PartitionChange
+from raftlog.metadata.records import (
+    CreatePartitions,
+    CreateTopic,
+    DeleteTopic,
+    PartitionChange,
+    PartitionChanges,
+)
 
 # Why a cap: every apply copies the topic's partition tuple, and a laptop broker has no use for
 # more; Kafka has no hard limit but warns well below this.
@@ -204,6 +211,22 @@ def partition_change(
     partitions[record.partition] = changed
     next_topic = dataclasses.replace(topic, partitions=tuple(partitions), version=offset)
     return with_topic(image, next_topic), record.partition_epoch
+
+
+def partition_changes(
+    image: MetadataImage, record: PartitionChanges, offset: int
+) -> tuple[MetadataImage, bytes]:
+    """PartitionChanges: each change as PartitionChange would apply it, in order; a rejected
+    one is skipped. The value holds each change's error code (0: applied), two bytes each."""
+    codes = bytearray()
+    for change in record.changes:
+        try:
+            image, _ = partition_change(image, change, offset)
+        except Rejected as rejection:
+            codes += rejection.error_code.to_bytes(2, "big", signed=True)
+            continue
+        codes += bytes(2)
+    return image, bytes(codes)
 
 
 def _check_partition_shape(current: PartitionImage, record: PartitionChange) -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import trio
 
 from raftlog.client.connection import ClusterLogin
-from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage
+from raftlog.metadata.image import NO_LEADER, MetadataImage, PartitionImage, TopicImage
 from raftlog.partition.files import write_atomically
 from raftlog.partition.manager import PartitionManager
 from raftlog.partition.partition import Partition, now_ms
@@ -43,7 +43,8 @@ HW_CHECKPOINT = "replication-offset-checkpoint"
 class ReplicaManager:
     """Roles, fetchers and ISR maintenance for one node's partitions (see module docstring).
 
-    Call ``apply_image`` with every new metadata image (it is synchronous), and run ``run``
+    Call ``apply_image`` (or step through ``apply_image_steps``) with every new metadata
+    image, and run ``run``
     in the node's nursery: it owns the fetcher tasks, the ISR checks and the HW checkpoint.
     """
 
@@ -72,6 +73,11 @@ class ReplicaManager:
         # What every fetcher of this node did as a follower (raftlog.observe reads it).
         self.fetcher_stats = FetcherStats()
         self._followed: dict[PartitionKey, FollowerAssignment] = {}
+        # The partition states applied with success, and what else they were applied under
+        # (``apply_image_steps`` skips a state object it already applied on the same basis).
+        self._applied: dict[PartitionKey, PartitionImage] = {}
+        self._applied_topics: dict[str, TopicImage] = {}
+        self._applied_basis: object = None
         self._nursery: trio.Nursery | None = None
         self._hw_checkpoint_path = manager.data_dir / HW_CHECKPOINT
         self._checkpointed_hws = _read_hw_checkpoint(self._hw_checkpoint_path)
@@ -105,43 +111,77 @@ class ReplicaManager:
 
     def apply_image(self, image: MetadataImage,
                     topic_defaults: Mapping[str, str] | None = None) -> None:
+        """Bring local partitions in step with ``image`` at once (``apply_image_steps``)."""
+        for _ in self.apply_image_steps(image, topic_defaults):
+            pass
+
+    def apply_image_steps(self, image: MetadataImage,
+                          topic_defaults: Mapping[str, str] | None = None) -> Iterator[None]:
         """Bring local partitions in step with ``image``: open assigned ones, set each one's
         role, delete the ones no longer assigned here. ``topic_defaults`` are the broker's
-        topic-level defaults (``ServerConfig.topic_defaults()``)."""
+        topic-level defaults (``ServerConfig.topic_defaults()``).
+
+        Yields after each partition it opened or gave a role, so that a caller can let other
+        tasks run (a role change writes the epoch checkpoint: a thousand of them must not
+        hold the heartbeat back). Only partitions whose state object changed since it was
+        last applied are looked at (images share unchanged topics and partitions), unless
+        this node's leadership right, a broker or the topic defaults changed: then all are."""
         self.image = image
         defaults = {"replica.lag.time.max.ms": str(self.settings.replica_lag_time_max_ms),
                     **(topic_defaults or {})}
         wanted: set[PartitionKey] = set()
         may_lead = self._may_lead(image)
+        basis = (may_lead, tuple(sorted(defaults.items())), image.brokers)
+        if basis != self._applied_basis:
+            self._applied.clear()
+            self._applied_topics.clear()
+            self._applied_basis = basis
         for topic in image.topics.values():
             configs = {**defaults, **dict(topic.configs)}
-            self.manager.update_configs(topic.name, configs)
+            if self._applied_topics.get(topic.name) is not topic:  # configs may have changed
+                self.manager.update_configs(topic.name, configs)
+                self._applied_topics[topic.name] = topic
             for state in topic.partitions:
                 if self.node_id not in state.replicas:
                     continue
-                wanted.add((topic.name, state.partition))
-                partition = self._open(topic.name, state, configs)
-                if partition is None:
+                key = (topic.name, state.partition)
+                wanted.add(key)
+                if self._applied.get(key) is state and key in self.manager.partitions:
                     continue
-                try:
-                    if state.leader == self.node_id and may_lead:
-                        self.become_leader(partition, state)
-                    elif state.leader == self.node_id:
-                        self.become_follower(partition, dataclasses.replace(
-                            state, leader=NO_LEADER))  # offline here until unfenced
-                    else:
-                        self.become_follower(partition, state)
-                except OSError as exc:
-                    # The epoch checkpoint or a truncation failed: the partition stays
-                    # offline here (NOT_LEADER_OR_FOLLOWER) and the next image retries.
-                    log.error("cannot change the role of %s-%d: %s", topic.name,
-                              state.partition, exc)
-                    self._go_offline(partition)
+                if self._apply_state(topic.name, state, configs, may_lead):
+                    self._applied[key] = state
+                yield
+        for name in [name for name in self._applied_topics if name not in image.topics]:
+            del self._applied_topics[name]
         for key in list(self.manager.partitions):
             if key not in wanted:
+                self._applied.pop(key, None)
                 self._stop_following(key)
                 self.manager.remove_partition(*key)
         self._stop_idle_fetchers()
+
+    def _apply_state(self, topic: str, state: PartitionImage, configs: Mapping[str, str],
+                     may_lead: bool) -> bool:
+        """One partition's role from ``state``; False when it could not be opened or given
+        its role (it stays offline here and the next image retries)."""
+        partition = self._open(topic, state, configs)
+        if partition is None:
+            return False
+        try:
+            if state.leader == self.node_id and may_lead:
+                self.become_leader(partition, state)
+            elif state.leader == self.node_id:
+                self.become_follower(partition, dataclasses.replace(
+                    state, leader=NO_LEADER))  # offline here until unfenced
+            else:
+                self.become_follower(partition, state)
+        except OSError as exc:
+            # The epoch checkpoint or a truncation failed: the partition stays offline here
+            # (NOT_LEADER_OR_FOLLOWER) and the next image retries.
+            log.error("cannot change the role of %s-%d: %s", topic, state.partition, exc)
+            self._go_offline(partition)
+            return False
+        return True
 
     def _may_lead(self, image: MetadataImage) -> bool:
         if self.incarnation_id is None:

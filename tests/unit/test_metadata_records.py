@@ -114,6 +114,7 @@ def test_tags_are_stable() -> None:
         13: "CreateAcls",
         14: "DeleteAcls",
         15: "AlterClientQuota",
+        16: "PartitionChanges",
     }
 
 
