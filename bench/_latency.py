@@ -68,6 +68,7 @@ class Options:
     skip_nats: bool
     scenarios: list[Scenario]
     one_at_a_time_records: int
+    trace: bool = False  # trace.produce.enable on the raftlog nodes; stage lines per scenario
 
 
 # -- what one run records --------------------------------------------------------------------
@@ -151,6 +152,7 @@ class LatencyRun:
     send_lag_max_ms: float = math.nan
     cpu_pct: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    trace: list[str] = field(default_factory=list)  # --trace: the nodes' stage summaries
 
     @classmethod
     def of(cls, recorder: Recorder, system: str, scenario: str, label: str, repeat: int,

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -79,6 +81,9 @@ def parse_args(argv: Sequence[str] | None) -> Options:
                         help="comma-separated, of " + ", ".join(s.name for s in SCENARIOS))
     parser.add_argument("--one-at-a-time-records", type=int, default=1000,
                         help="counted records of the one-at-a-time scenario (at least 500)")
+    parser.add_argument("--trace", action="store_true",
+                        help="raftlog nodes time each replication stage (trace.produce.enable)"
+                             " and the stage percentiles of each scenario are printed")
     args = parser.parse_args(argv)
     by_name = {s.name: s for s in SCENARIOS}
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
@@ -90,7 +95,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         parser.error("--one-at-a-time-records must be at least 500")
     chosen = [s for s in SCENARIOS if s.name in names]  # in the table's order
     return Options(args.duration, args.warmup, args.repeats, args.json, args.skip_nats, chosen,
-                   args.one_at_a_time_records)
+                   args.one_at_a_time_records, args.trace)
 
 
 # -- one run --------------------------------------------------------------------------------------
@@ -157,7 +162,7 @@ def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes,
     import _latency_clients as clients
     from _raftlog_cluster import RaftlogCluster
 
-    cluster = RaftlogCluster(workdir / "cluster")
+    cluster = RaftlogCluster(workdir / "cluster", **TRACE_CLUSTER if options.trace else {})
     try:
         cluster.up()
         clients.create_topic(cluster)
@@ -166,6 +171,10 @@ def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes,
             send = raftlog_send(options, cluster.bootstrap, scenario, payload)
             runs.append(measure("raftlog", scenario.name, scenario.label, repeat,
                                 scenario.rate_records_s, pids, send))
+            if options.trace:
+                runs[-1].trace = trace_lines(cluster.data_dir)
+                for line in trace_summary(runs[-1].trace):
+                    print(f"    trace {line}", flush=True)
     except Exception as exc:
         traceback.print_exc()
         errors.append(f"raftlog r{repeat}: {exc!r}\n{cluster.log_tail(1500)}")
@@ -173,6 +182,51 @@ def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes,
         with uninterrupted():
             cluster.stop()
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --trace: every node logs its stage percentiles each second (raftlog.partition.append_trace);
+# a scenario's lines are those logged until one interval after it ended.
+TRACE_INTERVAL_MS = 1000
+TRACE_CLUSTER: dict[str, Any] = {"log_level": "INFO", "cluster_args": [
+    "--override", "trace.produce.enable=true",
+    "--override", f"trace.produce.summary.interval.ms={TRACE_INTERVAL_MS}"]}
+
+
+def trace_summary(lines: Sequence[str]) -> list[str]:
+    """Per node and stage: the median over the 1 s windows of the window's p50 and p99 (the
+    windows' own percentiles, not a percentile of all samples), in ms."""
+    by_node: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for line in lines:
+        node, _, rest = line.partition(": ")
+        stages = by_node.setdefault(node, {})
+        for stage, p50, p99 in re.findall(r"(\w+) p50 ([\d.]+) p99 ([\d.]+)", rest):
+            stages.setdefault(stage, []).append((float(p50), float(p99)))
+    out = []
+    for node, stages in sorted(by_node.items()):
+        cells = [f"{stage} {statistics.median(a for a, _ in v):.2f}/"
+                 f"{statistics.median(b for _, b in v):.2f}" for stage, v in stages.items()]
+        out.append(f"{node} (p50/p99 ms, median of {max(len(v) for v in stages.values())} "
+                   f"windows): " + ", ".join(cells))
+    return out
+
+
+def trace_lines(data_dir: Path) -> list[str]:
+    """The stage summaries the nodes logged since the last call (after one more interval, so
+    that the scenario's last appends are in), each prefixed with its node."""
+    time.sleep(TRACE_INTERVAL_MS / 1000 * 1.5)
+    lines = []
+    for log_path in sorted(data_dir.glob("node-*/server.log")):
+        node = log_path.parent.name
+        seen = _TRACE_SEEN.get(node, 0)
+        found = [line.split("produce trace: ", 1)[1].rstrip()
+                 for line in log_path.read_text(errors="replace").splitlines()
+                 if "produce trace: " in line]
+        _TRACE_SEEN[node] = len(found)
+        lines += [f"{node}: {line}" for line in found[seen:]]
+    return lines
+
+
+_TRACE_SEEN: dict[str, int] = {}
 
 
 def run_nats(options: Options, workdir: Path, repeat: int, payload: bytes,
