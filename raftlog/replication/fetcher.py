@@ -479,7 +479,9 @@ class LeaderFetcher:
         timeout_s = self.settings.socket_timeout_ms / 1000
         for assignment, end_offset, leader_high_watermark, leader_start in appended:
             partition = assignment.partition
-            if partition.durable_acks:
+            # Most answers carry nothing for most partitions: no wait (and no cancel scope)
+            # for a partition already fsynced to its end.
+            if partition.durable_acks and partition.log.flushed_offset < end_offset:
                 while not await partition.wait_flushed(end_offset,
                                                        trio.current_time() + timeout_s):
                     if not self._current(assignment):
