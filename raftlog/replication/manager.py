@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from raftlog.partition.manager import PartitionManager
 from raftlog.partition.partition import Partition, now_ms
 from raftlog.replication.fetcher import FetcherStats, FollowerAssignment, LeaderFetcher
 from raftlog.replication.leader import AlterIsr, IsrManager
+from raftlog.replication.load_progress import LoadProgress
 from raftlog.replication.settings import PartitionKey, ReplicationSettings
 
 __all__ = ["HW_CHECKPOINT", "ReplicaManager"]
@@ -136,6 +138,7 @@ class ReplicaManager:
             self._applied.clear()
             self._applied_topics.clear()
             self._applied_basis = basis
+        progress = LoadProgress(self._assigned_count(image), time.monotonic)
         for topic in image.topics.values():
             configs = {**defaults, **dict(topic.configs)}
             if self._applied_topics.get(topic.name) is not topic:  # configs may have changed
@@ -148,9 +151,15 @@ class ReplicaManager:
                 wanted.add(key)
                 if self._applied.get(key) is state and key in self.manager.partitions:
                     continue
+                opening = key not in self.manager.partitions
                 if self._apply_state(topic.name, state, configs, may_lead):
                     self._applied[key] = state
+                if opening and key in self.manager.partitions and \
+                        (line := progress.note_opened()) is not None:
+                    log.info("%s", line)
                 yield
+        if (line := progress.finished()) is not None:
+            log.info("%s", line)
         for name in [name for name in self._applied_topics if name not in image.topics]:
             del self._applied_topics[name]
         for key in list(self.manager.partitions):
@@ -159,6 +168,14 @@ class ReplicaManager:
                 self._stop_following(key)
                 self.manager.remove_partition(*key)
         self._stop_idle_fetchers()
+
+    def _assigned_count(self, image: MetadataImage) -> int:
+        """Partitions assigned here that are not open yet (what a sync may have to load)."""
+        return sum(
+            1 for topic in image.topics.values() for state in topic.partitions
+            if self.node_id in state.replicas
+            and (topic.name, state.partition) not in self.manager.partitions
+        )
 
     def _apply_state(self, topic: str, state: PartitionImage, configs: Mapping[str, str],
                      may_lead: bool) -> bool:
