@@ -10,11 +10,12 @@ that replica id, at its registered broker epoch (KIP-903), moves the high waterm
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import trio
 
+from raftlog.broker.fetch_sessions import FetchSession, FetchSessionCache, PartitionRequest
 from raftlog.broker.partition_checks import check_leader_epoch, missing_partition_error
 from raftlog.metrics.recorders import Counter, CounterMap
 from raftlog.partition.errors import OffsetOutOfRangeError
@@ -44,7 +45,7 @@ class FetchPlan:
     isolation_level: int
     max_bytes: int
     min_bytes: int
-    partitions: tuple[tuple[str, tuple[Struct, ...]], ...]
+    partitions: Sequence[tuple[str, Sequence[PartitionRequest]]]
     replica_id: int = CONSUMER_REPLICA_ID  # >= 0: a follower's fetch
 
     @property
@@ -95,6 +96,7 @@ class FetchApis:
         self.replicas = replicas
         self.gate = gate
         self.stats = FetchStats()
+        self.sessions = FetchSessionCache()  # followers' incremental fetch sessions (KIP-227)
 
     def handlers(self) -> dict[int, Handler]:
         table: dict[int, Callable[[RequestContext], HandlerResult]] = {
@@ -108,19 +110,38 @@ class FetchApis:
             refused = self._replica_fetch_error(ctx, request.replica_id)
             if refused:
                 return _fetch_refused(request, refused)
+        topics = tuple((t.topic, t.partitions) for t in request.topics)
+        session: FetchSession | None = None
+        if request.session_id != 0 or request.session_epoch != -1:
+            error, session = self.sessions.begin(
+                replica_id=request.replica_id, session_id=request.session_id,
+                session_epoch=request.session_epoch, topics=topics,
+                forgotten=[(f.topic, f.partitions) for f in request.forgotten_topics_data])
+            if error:
+                return {"throttle_time_ms": 0, "error_code": error, "session_id": 0,
+                        "responses": []}
         plan = FetchPlan(
             version=ctx.header.api_version,
             isolation_level=request.isolation_level,
             max_bytes=max(request.max_bytes, 0),
             min_bytes=max(request.min_bytes, 0),
-            partitions=tuple((t.topic, t.partitions) for t in request.topics),
+            partitions=topics if session is None else session.plan(),
             replica_id=request.replica_id,
         )
-        body, total_bytes, failed = self._read_fetch(plan, record=True)
         stats = self.stats
-        if request.max_wait_ms <= 0 or self._fetch_complete(plan, total_bytes, failed):
+        incremental = request.session_epoch > 0
+
+        def answer(body: Body) -> Body:
+            if session is not None:
+                body["responses"] = session.answered(body["responses"],
+                                                     incremental=incremental)
+                body["session_id"] = session.session_id
             stats.count_served(plan, body)
             return body
+
+        body, total_bytes, failed = self._read_fetch(plan, record=True)
+        if request.max_wait_ms <= 0 or self._fetch_complete(plan, total_bytes, failed):
+            return answer(body)
         _close_regions(body)
         deadline = trio.current_time() + request.max_wait_ms / 1000
 
@@ -135,8 +156,7 @@ class FetchApis:
                     body, total_bytes, failed = self._read_fetch(plan, record=False)
                     if trio.current_time() >= deadline or \
                             self._fetch_complete(plan, total_bytes, failed):
-                        stats.count_served(plan, body)
-                        return body
+                        return answer(body)
                     _close_regions(body)
             finally:
                 stats.waiting -= 1
@@ -200,7 +220,7 @@ class FetchApis:
         return body, total, failed
 
     def _read_partition(
-        self, plan: FetchPlan, topic: str, request: Struct, budget: int, first: bool,
+        self, plan: FetchPlan, topic: str, request: PartitionRequest, budget: int, first: bool,
         record: bool,
     ) -> tuple[Body, int]:
         result: Body = {"partition_index": request.partition, "error_code": 0,

@@ -11,30 +11,31 @@ fetcher) off.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from raftlog.client.connection import ClusterLogin, KafkaClientError, KafkaConnection
-from raftlog.metrics.recorders import Counter
+from raftlog.client.connection import KafkaClientError, KafkaConnection
 from raftlog.partition.append import AppendOrigin
 from raftlog.partition.append_trace import FollowerRound
 from raftlog.partition.batch import BATCH_LENGTH_OFFSET, LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from raftlog.partition.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from raftlog.partition.errors import PartitionLogError, UnexpectedOffsetError
 from raftlog.partition.log import KafkaStorageError
-from raftlog.partition.manager import PartitionManager
-from raftlog.partition.partition import Partition
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
-from raftlog.replication.settings import PartitionKey, ReplicationSettings
+from raftlog.replication.assignment import FetcherStats, Follower, FollowerAssignment
+from raftlog.replication.fetch_session import FollowerSession, PartitionFetch
+from raftlog.replication.settings import PartitionKey
 
 __all__ = ["FetcherStats", "Follower", "FollowerAssignment", "LeaderFetcher"]
 
 log = logging.getLogger(__name__)
 
 FETCH_VERSION = 11
+# The leader lost our session or we lost an answer: the next Fetch starts a new one at once.
+_SESSION_ERRORS = frozenset({ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+                             ErrorCode.INVALID_FETCH_SESSION_EPOCH})
 OFFSET_FOR_LEADER_EPOCH_VERSION = 3
 LIST_OFFSETS_VERSION = 5
 LATEST_TIMESTAMP = -1
@@ -57,55 +58,6 @@ _METADATA_ERRORS = frozenset({
 })
 
 
-class FetcherStats:
-    """What this node's replica fetchers did as a follower, over every leader (Kafka's
-    FetcherStats and BrokerTopicMetrics ReplicationBytesInPerSec), read by
-    ``raftlog.observe``: Fetch requests sent, record bytes they returned, bytes appended."""
-
-    __slots__ = ("appended_bytes", "fetched_bytes", "requests")
-
-    def __init__(self) -> None:
-        self.requests = Counter()
-        self.fetched_bytes = Counter()
-        self.appended_bytes = Counter()
-
-
-class Follower(Protocol):
-    """What a fetcher needs from the replica manager that runs it."""
-
-    node_id: int
-    manager: PartitionManager
-    settings: ReplicationSettings
-    login: ClusterLogin | None
-    fetcher_stats: FetcherStats
-
-    def is_following(self, assignment: FollowerAssignment) -> bool: ...
-
-    def broker_address(self, node_id: int) -> tuple[str, int] | None: ...
-
-
-@dataclass(eq=False, slots=True)
-class FollowerAssignment:
-    """A partition this node follows, for one leader epoch. A new epoch is a new object, so
-    a fetcher can tell, after any await, whether what it is about to do is still wanted."""
-
-    partition: Partition
-    leader_id: int
-    leader_epoch: int
-    needs_truncation: bool = True
-    delayed_until: float = 0.0  # trio time; backoff after an error
-    # The leader's high watermark in its latest Fetch answer (-1: none yet): the follower's
-    # lag is how far its log end is behind it (Kafka's FetcherLagStats).
-    leader_high_watermark: int = -1
-    # The corrupt batch's offset this follower reported to the leader as its log end (-1:
-    # none): it truncates only after that, see ``LeaderFetcher._drop_corrupt``.
-    reported_corrupt_offset: int = -1
-
-    @property
-    def key(self) -> PartitionKey:
-        return self.partition.topic, self.partition.index
-
-
 class LeaderFetcher:
     """Replicates every partition this node follows from one leader, over one connection."""
 
@@ -124,6 +76,8 @@ class LeaderFetcher:
         self._address: tuple[str, int] | None = None
         self._rotation = 0
         self._stale_answers = 0  # STALE_BROKER_EPOCH answers in a row
+        self._session = FollowerSession()  # KIP-227, with this leader over this connection
+        self.last_request_partitions = 0  # partitions named in the last Fetch (for tests)
         stats = self.manager.trace_stats  # trace.produce.enable: the rounds' stage timing
         self._trace = None if stats is None else FollowerRound(stats)
 
@@ -212,6 +166,7 @@ class LeaderFetcher:
 
     async def _disconnect(self) -> None:
         connection, self._connection = self._connection, None
+        self._session.failed()
         if connection is not None:
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True
@@ -364,40 +319,22 @@ class LeaderFetcher:
             return
         self._rotation = (self._rotation + 1) % len(ready)
         ready = ready[self._rotation:] + ready[:self._rotation]  # fairness under max_bytes
-        by_topic: dict[str, list[dict[str, int]]] = {}
         holding: set[PartitionKey] = set()  # corrupt, still in the ISR: see _drop_corrupt
+        wanted: dict[PartitionKey, PartitionFetch] = {}
         for assignment in ready:
             partition = assignment.partition
             fetch_offset = partition.log.log_end_offset
             if partition.corrupt_offset is not None:
                 fetch_offset = partition.corrupt_offset
                 holding.add(assignment.key)
-            by_topic.setdefault(partition.topic, []).append({
-                "partition": partition.index,
-                "current_leader_epoch": assignment.leader_epoch,
-                "fetch_offset": fetch_offset,
-                "log_start_offset": partition.log.log_start_offset,
-                "partition_max_bytes": self.settings.fetch_max_bytes,
-            })
-        wait_s = self.settings.fetch_wait_max_ms / 1000
-        self.stats.requests.inc()
-        if self._trace is not None:
-            self._trace.fetch_sent()
-        response = await self._request(connection, FETCH, {
-            "replica_id": self.replicas.node_id,
-            "max_wait_ms": self.settings.fetch_wait_max_ms,
-            "min_bytes": self.settings.fetch_min_bytes,
-            "max_bytes": self.settings.fetch_response_max_bytes,
-            "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        }, FETCH_VERSION, extra_wait_s=wait_s)
-        self.fetch_rounds += 1
-        if self._trace is not None:
-            self._trace.answered()
+            wanted[assignment.key] = PartitionFetch(
+                assignment.leader_epoch, fetch_offset, partition.log.log_start_offset,
+                self.settings.fetch_max_bytes)
+        response = await self._send_fetch(connection, wanted)
+        if response.error_code in _SESSION_ERRORS:
+            log.info("replica fetcher %d -> %d: %s; starting a new fetch session",
+                     self.replicas.node_id, self.leader_id, _error_name(response.error_code))
+            return
         if response.error_code != ErrorCode.NONE:
             for assignment in ready:
                 self._back_off(assignment, response.error_code, "Fetch")
@@ -443,6 +380,47 @@ class LeaderFetcher:
         for assignment in out_of_range:
             if self._current(assignment):
                 await self._handle_out_of_range(connection, assignment)
+
+    async def _send_fetch(self, connection: KafkaConnection,
+                          wanted: dict[PartitionKey, PartitionFetch]) -> Any:
+        """One Fetch for ``wanted`` in the session with this leader (KIP-227): only what
+        changed since the last answer is sent, and only what changed comes back."""
+        request = self._session.build(wanted)
+        by_topic: dict[str, list[dict[str, int]]] = {}
+        for (topic, index), fetch in request.partitions.items():
+            by_topic.setdefault(topic, []).append({
+                "partition": index, "current_leader_epoch": fetch.current_leader_epoch,
+                "fetch_offset": fetch.fetch_offset, "log_start_offset": fetch.log_start_offset,
+                "partition_max_bytes": fetch.partition_max_bytes})
+        forgotten: dict[str, list[int]] = {}
+        for topic, index in request.forgotten:
+            forgotten.setdefault(topic, []).append(index)
+        self.stats.requests.inc()
+        self.last_request_partitions = len(request.partitions)
+        if self._trace is not None:
+            self._trace.fetch_sent()
+        try:
+            response = await self._request(connection, FETCH, {
+                "replica_id": self.replicas.node_id,
+                "max_wait_ms": self.settings.fetch_wait_max_ms,
+                "min_bytes": self.settings.fetch_min_bytes,
+                "max_bytes": self.settings.fetch_response_max_bytes,
+                "isolation_level": 0,
+                "session_id": request.session_id,
+                "session_epoch": request.session_epoch,
+                "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+                "forgotten_topics_data": [{"topic": t, "partitions": ps}
+                                          for t, ps in forgotten.items()],
+                "rack_id": "",
+            }, FETCH_VERSION, extra_wait_s=self.settings.fetch_wait_max_ms / 1000)
+        except BaseException:
+            self._session.failed()  # the leader's session state is unknown: start over
+            raise
+        self._session.answered(response.error_code, response.session_id)
+        self.fetch_rounds += 1
+        if self._trace is not None:
+            self._trace.answered()
+        return response
 
     def _append(self, assignment: FollowerAssignment, records: memoryview | None,
                 leader_high_watermark: int = -1) -> bool:

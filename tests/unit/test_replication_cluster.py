@@ -694,3 +694,37 @@ async def test_a_refused_expansion_does_not_hold_the_high_watermark(tmp_path: Pa
         assert leader_state is not None and leader_state.maximal_isr == (1, 2)
         assert nodes[1].partition().high_watermark == 6
         await client.aclose()
+
+
+async def test_idle_followers_fetch_in_sessions_that_name_no_partitions(tmp_path: Path) -> None:
+    # KIP-227: once caught up, a follower's Fetch names no partition and the answer carries
+    # none, however many partitions it follows; what changes still flows both ways.
+    async with running_cluster(tmp_path) as (cluster, _):
+        nodes = cluster.nodes
+        cluster.create_topic((1, 2, 3), partitions=12)
+        led_by_1 = [i for i in range(12) if cluster.state(i).leader == 1]
+        assert len(led_by_1) == 4
+        client = await connect(nodes[1])
+        for index in led_by_1:
+            assert (await produce(client, record_batch(index), index=index)).error_code == 0
+        for index in led_by_1:
+            await eventually(lambda i=index: caught_up(nodes.values(), i))
+        fetchers = [nodes[n].replicas.fetchers[1] for n in (2, 3)]
+        await eventually(lambda: all(f.last_request_partitions == 0 for f in fetchers))
+        rounds = [f.fetch_rounds for f in fetchers]
+        await eventually(lambda: all(f.fetch_rounds > r + 1 for f, r in zip(fetchers, rounds,
+                                                                           strict=True)))
+        assert all(f.last_request_partitions == 0 for f in fetchers), "idle rounds name none"
+        sessions = nodes[1].apis.fetch_apis.sessions
+        assert len(sessions) == 2
+        # New data in one partition: replicated, and the HW reaches every follower.
+        index = led_by_1[2]
+        assert (await produce(client, record_batch(99), index=index)).error_code == 0
+        await eventually(lambda: caught_up(nodes.values(), index))
+        assert nodes[2].partition(index).high_watermark == 6
+        # The leader loses every session (a restart of its cache): followers start anew.
+        nodes[1].apis.fetch_apis.sessions = type(sessions)(first_id=1000)
+        assert (await produce(client, record_batch(100), index=index)).error_code == 0
+        await eventually(lambda: caught_up(nodes.values(), index))
+        assert assert_logs_identical(nodes.values(), index) == 9
+        await client.aclose()
