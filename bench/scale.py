@@ -44,7 +44,7 @@ from typing import Any
 try:
     from _raftlog_cluster import CLIENT_LOG_LEVEL, RaftlogCluster, pid_alive, rss_kib
     from _support import environment, write_json
-    from confluent_kafka import KafkaException, Producer, TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 except ImportError as missing:  # the exit status 2: a prerequisite is missing
     print(f"cannot run: {missing}: pip install -e '.[bench]'", file=sys.stderr)
@@ -142,17 +142,46 @@ def wait_led(admin: AdminClient, total: int, timeout_s: float,
         time.sleep(POLL_INTERVAL_S)
 
 
-def create_topics(admin: AdminClient, options: argparse.Namespace) -> int:
-    """CreateTopics in batches of `--create-batch`, one request at a time; returns requests."""
+# Per-topic CreateTopics errors an operator's script would retry: the controller moved
+# (NOT_CONTROLLER: nothing applied) or the commit's outcome is unknown (REQUEST_TIMED_OUT; a
+# retry of a topic that was in fact created then answers TOPIC_ALREADY_EXISTS).
+RETRIABLE_CREATE_ERRORS = frozenset({KafkaError.NOT_CONTROLLER, KafkaError.REQUEST_TIMED_OUT})
+CREATE_ATTEMPTS = 5
+
+
+def create_topics(admin: AdminClient, options: argparse.Namespace) -> tuple[int, list[str]]:
+    """CreateTopics in batches of `--create-batch`, one request at a time, retrying retriable
+    per-topic errors; returns (requests, the retried errors as text)."""
     names = topic_names(options)
     requests = 0
+    retried: list[str] = []
     for first in range(0, len(names), options.create_batch):
-        batch = [NewTopic(n, options.partitions_per_topic, REPLICATION_FACTOR)
-                 for n in names[first:first + options.create_batch]]
-        for future in admin.create_topics(batch, request_timeout=120).values():
-            future.result(timeout=180)
-        requests += 1
-    return requests
+        pending = names[first:first + options.create_batch]
+        retrying: set[str] = set()
+        for _ in range(CREATE_ATTEMPTS):
+            batch = [NewTopic(n, options.partitions_per_topic, REPLICATION_FACTOR)
+                     for n in pending]
+            failed = []
+            for name, future in admin.create_topics(batch, request_timeout=120).items():
+                try:
+                    future.result(timeout=180)
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if error.code() == KafkaError.TOPIC_ALREADY_EXISTS and name in retrying:
+                        continue  # the earlier attempt did commit
+                    if error.code() not in RETRIABLE_CREATE_ERRORS:
+                        raise
+                    retried.append(f"{name}: {error.name()}")
+                    failed.append(name)
+            requests += 1
+            if not failed:
+                break
+            pending = failed
+            retrying.update(failed)
+            time.sleep(1)
+        else:
+            raise RuntimeError(f"CreateTopics kept failing: {retried[-3:]}")
+    return requests, retried
 
 
 def produce(bootstrap: str, options: argparse.Namespace) -> tuple[int, list[str]]:
@@ -285,8 +314,11 @@ def run(options: argparse.Namespace, workdir: Path, out: dict[str, Any]) -> None
         print(f"  fresh cluster up {out['fresh_up_s']:.1f} s", flush=True)
         admin = cluster.admin()
         started = time.monotonic()
-        out["create_requests"] = create_topics(admin, options)
+        out["create_requests"], out["create_retried"] = create_topics(admin, options)
         out["create_s"] = time.monotonic() - started
+        if out["create_retried"]:
+            print(f"  CreateTopics retried {len(out['create_retried'])} topic(s): "
+                  f"{', '.join(out['create_retried'][:5])}", flush=True)
         out["created_led_s"], _, state = wait_led(admin, total, options.restart_timeout_s)
         print(f"  created {total:,} partitions in {out['create_s']:.1f} s "
               f"({out['create_requests']} CreateTopics); all led with a full ISR "

@@ -23,7 +23,7 @@ from raftlog.protocol.codec import Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.internal_topics import cleanup_policy_refusal, is_internal_topic
 from raftlog.protocol.schemas import CREATE_PARTITIONS, CREATE_TOPICS, DELETE_TOPICS
-from raftlog.quorum.interface import Quorum, QuorumError
+from raftlog.quorum.interface import NotControllerError, Quorum, QuorumError
 from raftlog.server.listener import Body, Handler, HandlerResult, RequestContext
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,11 @@ class TopicAdmin:
     async def _propose(self, record: Record) -> tuple[int, str | None]:
         try:
             result = await self.quorum.propose(record, timeout_s=ADMIN_TIMEOUT_S)
+        except NotControllerError as exc:
+            # Nothing was applied (see NotControllerError): Kafka's NOT_CONTROLLER, which
+            # clients answer by finding the new controller and sending the request again.
+            log.info("metadata proposal not made: %s", exc)
+            return ErrorCode.NOT_CONTROLLER, f"Not the controller: {exc}"
         except QuorumError as exc:
             log.warning("metadata proposal failed: %s", exc)
             return ErrorCode.REQUEST_TIMED_OUT, f"The metadata quorum did not commit: {exc}"

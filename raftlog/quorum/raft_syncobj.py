@@ -85,6 +85,7 @@ from raftlog.quorum.raft_storage import (
     write_durably,
 )
 from raftlog.quorum.raft_transport import RaftTransport
+from raftlog.quorum.tick_stalls import TickStalls
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +170,8 @@ class RaftSyncObj(RejoinMixin, SyncObj):  # type: ignore[misc]
         # Metrics, written by the tick thread only (plain attribute writes, read anywhere).
         self.leader_contact_at = monotonic_time()  # last AppendEntries from a leader
         self.storage_errors = 0  # ticks that failed on a journal or snapshot write
+        # Half the shortest election timeout: a longer gap between ticks is worth a warning.
+        self._raft_tick_stalls = TickStalls(conf.raftMinTimeout / 2)
         conf.onStateChanged = self._raft_on_state_changed
         conf.serializer = self._raft_snapshots.serialize
         conf.deserializer = self._raft_snapshots.deserialize
@@ -245,11 +248,15 @@ class RaftSyncObj(RejoinMixin, SyncObj):  # type: ignore[misc]
                 return
         journal = self._raft_journal
         assert journal is not None
+        started = time.monotonic()
+        self._raft_tick_stalls.note_start(started)
         try:
             # Durability: the leader counts its own entries at the start of the tick (commit
             # index computation), so everything it appended must be on disk first.
             journal.flush()
+            flushed = time.monotonic()
             super()._onTick(timeToWait)
+            ticked = time.monotonic()
         except (OSError, RaftStorageError):  # pysyncobj logs it and ticks again
             self.storage_errors += 1
             raise
@@ -261,6 +268,8 @@ class RaftSyncObj(RejoinMixin, SyncObj):  # type: ignore[misc]
         view = self._raft_make_view()
         self._raft_view = view
         self._raft_listener.on_tick(view)
+        self._raft_tick_stalls.note_tick(flushed - started, ticked - flushed,
+                                         time.monotonic() - ticked)
 
     def _SyncObj__onBecomeLeader(self) -> None:
         SyncObj._SyncObj__onBecomeLeader(self)
