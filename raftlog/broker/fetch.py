@@ -47,6 +47,7 @@ class FetchPlan:
     min_bytes: int
     partitions: Sequence[tuple[str, Sequence[PartitionRequest]]]
     replica_id: int = CONSUMER_REPLICA_ID  # >= 0: a follower's fetch
+    broker_epoch: int = -1  # a follower's: the broker epoch its connection proved
 
     @property
     def from_follower(self) -> bool:
@@ -127,6 +128,7 @@ class FetchApis:
             min_bytes=max(request.min_bytes, 0),
             partitions=topics if session is None else session.plan(),
             replica_id=request.replica_id,
+            broker_epoch=ctx.session.broker_epoch if request.replica_id >= 0 else -1,
         )
         stats = self.stats
         incremental = request.session_epoch > 0
@@ -246,7 +248,7 @@ class FetchApis:
         offset = request.fetch_offset
         in_range = partition_log.log_start_offset <= offset <= partition_log.log_end_offset
         if plan.from_follower and in_range and record and not self.replicas.record_follower_fetch(
-                partition, plan.replica_id, offset, request.log_start_offset):
+                partition, plan.replica_id, offset, request.log_start_offset, plan.broker_epoch):
             result["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER  # not one of its replicas
             return result, 0
         result["high_watermark"] = partition.high_watermark

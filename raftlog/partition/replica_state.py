@@ -36,6 +36,10 @@ class FollowerState:
     # Its log start offset, from the ``log_start_offset`` of its Fetch requests (v5+):
     # DeleteRecords answers once every live replica's has reached the requested offset.
     log_start_offset: int = UNKNOWN_OFFSET
+    # The broker epoch its fetches were authenticated with (KIP-903; -1: not known). A follower
+    # that registered again (a restart) is a new incarnation: its position from before says
+    # nothing about the log it has now (it may have lost or dropped data since).
+    broker_epoch: int = -1
 
     def is_caught_up(self, leader_end_offset: int, now_ms: int, lag_time_max_ms: int) -> bool:
         """Kafka's ``ReplicaState.isCaughtUp``."""
@@ -125,7 +129,7 @@ class LeaderState:
 
     def record_fetch(
         self, replica: int, fetch_offset: int, leader_end_offset: int, now_ms: int,
-        log_start_offset: int = UNKNOWN_OFFSET,
+        log_start_offset: int = UNKNOWN_OFFSET, broker_epoch: int = -1,
     ) -> bool:
         """A follower fetched from ``fetch_offset`` while the leader's log ended at
         ``leader_end_offset``, reporting its own ``log_start_offset`` (-1: not reported).
@@ -135,6 +139,7 @@ class LeaderState:
             return False
         if log_start_offset >= 0:
             state.log_start_offset = log_start_offset
+        state.broker_epoch = broker_epoch
         if fetch_offset >= leader_end_offset:
             state.last_caught_up_ms = max(state.last_caught_up_ms, now_ms)
         elif fetch_offset >= state.last_fetch_leader_end_offset:
@@ -200,16 +205,21 @@ class LeaderState:
         ]
 
     def in_sync_outside_isr(
-        self, high_watermark: int, is_eligible: Callable[[int], bool]
+        self, high_watermark: int, is_eligible: Callable[[int], bool],
+        registered_epoch: Callable[[int], int | None] = lambda _: None,
     ) -> list[int]:
         """Followers outside the committed ISR whose LEO has reached the HW and this epoch's
-        start offset (Kafka's isFollowerInSync), in replica order."""
+        start offset (Kafka's isFollowerInSync), in replica order. The LEO must come from a
+        fetch in the broker epoch the metadata has registered now (``registered_epoch``; None:
+        not checked), as Kafka's KIP-903 ISR rule: a follower restarted with a damaged or
+        shorter log must not be added back on the position it reported before."""
         return [
             replica for replica, state in self.followers.items()
             if replica not in self.isr
             and state.log_end_offset >= high_watermark
             and state.log_end_offset >= self.epoch_start_offset
             and is_eligible(replica)
+            and registered_epoch(replica) in (None, state.broker_epoch)
         ]
 
     def proposed_isr(
@@ -219,13 +229,14 @@ class LeaderState:
         now_ms: int,
         lag_time_max_ms: int,
         is_eligible: Callable[[int], bool],
+        registered_epoch: Callable[[int], int | None] = lambda _: None,
     ) -> tuple[int, ...] | None:
         """The ISR to ask for now, or None: one change at a time, shrink first (as Kafka's
         isr-expiration task and fetch path do). The leader always stays in."""
         lagging = self.out_of_sync(leader_end_offset, now_ms, lag_time_max_ms, high_watermark)
         if lagging:
             return tuple(r for r in self.isr if r not in lagging)
-        joining = self.in_sync_outside_isr(high_watermark, is_eligible)
+        joining = self.in_sync_outside_isr(high_watermark, is_eligible, registered_epoch)
         if joining:
             members = set(self.isr) | set(joining)
             ordered = [r for r in self.replicas if r in members]

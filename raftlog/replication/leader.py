@@ -68,12 +68,14 @@ class IsrManager:
     it runs, nothing is sent."""
 
     def __init__(self, manager: PartitionManager, node_id: int, settings: ReplicationSettings,
-                 alter_isr: AlterIsr | None, is_eligible: Callable[[int], bool]) -> None:
+                 alter_isr: AlterIsr | None, is_eligible: Callable[[int], bool],
+                 registered_epoch: Callable[[int], int | None] = lambda _: None) -> None:
         self.manager = manager
         self.node_id = node_id
         self.settings = settings
         self.alter_isr = alter_isr
         self.is_eligible = is_eligible
+        self.registered_epoch = registered_epoch  # a broker's epoch in the metadata now
         self.stats = IsrStats()
         self._nursery: trio.Nursery | None = None
         # (topic, partition, leader epoch) of resignations sent, and of lone corrupt leaders.
@@ -94,9 +96,11 @@ class IsrManager:
     # --- the leader side of follower fetches -----------------------------------------------
 
     def record_follower_fetch(self, partition: Partition, replica_id: int,
-                              fetch_offset: int, log_start_offset: int = -1) -> bool:
-        """A follower fetched from ``fetch_offset`` reporting its ``log_start_offset`` (the
-        leader checked leadership, epoch and range). Updates its position, maybe the HW,
+                              fetch_offset: int, log_start_offset: int = -1,
+                              broker_epoch: int = -1) -> bool:
+        """A follower fetched from ``fetch_offset`` reporting its ``log_start_offset``, over a
+        connection authenticated at ``broker_epoch`` (the leader checked leadership, epoch,
+        range and that the broker epoch is the registered one). Updates its position, maybe the HW,
         maybe asks to expand the ISR; wakes DeleteRecords waiting for the low watermark when
         its log start moved. False when ``replica_id`` is not one of the partition's
         replicas."""
@@ -107,7 +111,7 @@ class IsrManager:
         follower = state.followers.get(replica_id)
         start_before = None if follower is None else follower.log_start_offset
         if not state.record_fetch(replica_id, fetch_offset, partition.log.log_end_offset, now,
-                                  log_start_offset):
+                                  log_start_offset, broker_epoch):
             return False
         if follower is not None and follower.log_start_offset != start_before:
             partition.notify_changed()
@@ -193,7 +197,8 @@ class IsrManager:
                                      settings.alter_isr_timeout_ms):
             return
         proposed = state.proposed_isr(partition.log.log_end_offset, partition.high_watermark,
-                                      now, partition.replica_lag_time_max_ms, self.is_eligible)
+                                      now, partition.replica_lag_time_max_ms, self.is_eligible,
+                                      self.registered_epoch)
         if proposed is None:
             if state.pending is None:
                 return

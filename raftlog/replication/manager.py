@@ -86,7 +86,8 @@ class ReplicaManager:
         self._written_hws: dict[PartitionKey, int] = dict(self._checkpointed_hws)
         manager.is_replica_eligible = self.is_eligible
         manager.on_corrupt = self.note_corrupt
-        self.isr = IsrManager(manager, self.node_id, self.settings, alter_isr, self.is_eligible)
+        self.isr = IsrManager(manager, self.node_id, self.settings, alter_isr, self.is_eligible,
+                              self.registered_epoch)
 
     # --- the task tree ---------------------------------------------------------------------
 
@@ -311,10 +312,20 @@ class ReplicaManager:
         return broker is not None and not broker.fenced
 
     def record_follower_fetch(self, partition: Partition, replica_id: int,
-                              fetch_offset: int, log_start_offset: int = -1) -> bool:
+                              fetch_offset: int, log_start_offset: int = -1,
+                              broker_epoch: int = -1) -> bool:
         """A follower fetched (``IsrManager.record_follower_fetch``)."""
         return self.isr.record_follower_fetch(partition, replica_id, fetch_offset,
-                                              log_start_offset)
+                                              log_start_offset, broker_epoch)
+
+    def registered_epoch(self, node_id: int) -> int | None:
+        """The broker epoch the metadata has for ``node_id`` now (-1: not registered), or
+        None without metadata (unit tests that drive roles by hand)."""
+        image = self.image
+        if image is None:
+            return None
+        broker = image.brokers.get(node_id)
+        return -1 if broker is None else broker.epoch
 
     def broker_address(self, node_id: int) -> tuple[str, int] | None:
         image = self.image

@@ -728,3 +728,38 @@ async def test_idle_followers_fetch_in_sessions_that_name_no_partitions(tmp_path
         await eventually(lambda: caught_up(nodes.values(), index))
         assert assert_logs_identical(nodes.values(), index) == 9
         await client.aclose()
+
+
+async def test_a_reregistered_follower_is_not_added_back_on_its_old_position(
+        tmp_path: Path) -> None:
+    # CI run of 2026-11-28 (test_log_corruption, acknowledged records lost): a follower
+    # restarted with a corrupt segment, re-registered, and the leader added it back to the ISR
+    # on the log end it had fetched at *before* the restart, before any fetch of the new
+    # incarnation arrived. It then led with 140 of 1,500 records. KIP-903: the position must
+    # come from a fetch in the broker epoch registered now.
+    settings = dataclasses.replace(FAST, replica_lag_time_max_ms=400)
+    async with running_cluster(tmp_path, settings=settings) as (cluster, _):
+        nodes = cluster.nodes
+        cluster.create_topic((1, 2, 3))
+        client = await connect(nodes[1])
+        assert (await produce(client, record_batch(0))).error_code == 0
+        await eventually(lambda: caught_up(nodes.values()))
+        await nodes[3].stop()
+        assert cluster.driver.apply(FenceBroker(3)).ok
+        cluster.change(leader=1, isr=(1, 2), new_epoch=False)  # as the controller does
+        # Broker 3 registers again (a new broker epoch) but none of its fetches has arrived:
+        # the leader still holds its old position, which equals the HW.
+        old_epoch = cluster.image.brokers[3].epoch
+        assert cluster.driver.apply(RegisterBroker(3, "127.0.0.1", 1, None, "inc-3-new")).ok
+        assert cluster.driver.apply(UnfenceBroker(3)).ok
+        cluster.publish()
+        assert cluster.image.brokers[3].epoch != old_epoch
+        leader_state = nodes[1].partition().leader_state
+        assert leader_state is not None
+        assert leader_state.followers[3].log_end_offset == nodes[1].partition().high_watermark
+        calls = len(cluster.alter_isr_calls)
+        checks = 3 * min(settings.replica_lag_time_max_ms // 2, 1000) / 1000
+        await trio.sleep(checks)  # a few ISR checks: the absence of an expansion is the point
+        assert cluster.state().isr == (1, 2), "added back on a position from before"
+        assert cluster.alter_isr_calls[calls:] == []
+        await client.aclose()

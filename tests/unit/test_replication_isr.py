@@ -159,3 +159,14 @@ def test_hw_never_exceeds_an_isr_member(fetches: list[tuple[int, int]], local_en
     assert candidate <= local_end
     for replica in (2, 3):
         assert candidate <= state.followers[replica].log_end_offset
+
+
+def test_only_a_position_from_the_registered_broker_epoch_joins_the_isr() -> None:
+    # KIP-903: a follower that registered again (epoch 31) is not added back on the log end
+    # it fetched at under its previous epoch (4), only after a fetch in epoch 31.
+    state = leader(isr=(1, 2))
+    state.record_fetch(3, 60, 60, now_ms=0, broker_epoch=4)
+    epochs = {2: 7, 3: 31}
+    assert state.proposed_isr(60, 60, 1, LAG_MS, everyone, epochs.get) is None
+    state.record_fetch(3, 60, 60, now_ms=2, broker_epoch=31)
+    assert state.proposed_isr(60, 60, 3, LAG_MS, everyone, epochs.get) == (1, 2, 3)
