@@ -9,6 +9,7 @@ partitions sees it move instead of a silent node.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
 __all__ = ["LoadProgress"]
 
@@ -16,11 +17,13 @@ PROGRESS_INTERVAL_S = 5.0
 
 
 class LoadProgress:
-    """Counts the partition logs one metadata sync opens out of ``total`` assigned here."""
+    """Counts the partition logs one metadata sync opens out of ``total()`` assigned here
+    (counted only when a line is due: most syncs open nothing and must not pay a pass over
+    every partition of the image)."""
 
-    def __init__(self, total: int, clock: Callable[[], float],
+    def __init__(self, total: Callable[[], int], clock: Callable[[], float],
                  interval_s: float = PROGRESS_INTERVAL_S) -> None:
-        self.total = total
+        self._total = cache(total)
         self.opened = 0
         self._clock = clock
         self._interval_s = interval_s
@@ -34,7 +37,7 @@ class LoadProgress:
         if now - self._last_line < self._interval_s:
             return None
         self._last_line = now
-        return (f"loading partition logs: {self.opened} opened of {self.total} assigned "
+        return (f"loading partition logs: {self.opened} opened of {self._total()} assigned "
                 f"here, {now - self._started:.1f} s")
 
     def finished(self) -> str | None:

@@ -139,7 +139,8 @@ class ReplicaManager:
             self._applied.clear()
             self._applied_topics.clear()
             self._applied_basis = basis
-        progress = LoadProgress(self._assigned_count(image), time.monotonic)
+        progress = LoadProgress(lambda: progress.opened + self._assigned_count(image),
+                                time.monotonic)
         for topic in image.topics.values():
             configs = {**defaults, **dict(topic.configs)}
             if self._applied_topics.get(topic.name) is not topic:  # configs may have changed
@@ -171,7 +172,7 @@ class ReplicaManager:
         self._stop_idle_fetchers()
 
     def _assigned_count(self, image: MetadataImage) -> int:
-        """Partitions assigned here that are not open yet (what a sync may have to load)."""
+        """Partitions assigned here that are not open yet (what this sync has left to load)."""
         return sum(
             1 for topic in image.topics.values() for state in topic.partitions
             if self.node_id in state.replicas

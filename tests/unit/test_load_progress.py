@@ -15,7 +15,7 @@ class Clock:
 
 def test_a_quick_load_says_nothing() -> None:
     clock = Clock()
-    progress = LoadProgress(3, clock, interval_s=5)
+    progress = LoadProgress(lambda: 3, clock, interval_s=5)
     for _ in range(3):
         clock.now += 0.1
         assert progress.note_opened() is None
@@ -24,7 +24,7 @@ def test_a_quick_load_says_nothing() -> None:
 
 def test_a_long_load_reports_every_interval_and_at_the_end() -> None:
     clock = Clock()
-    progress = LoadProgress(1000, clock, interval_s=5)
+    progress = LoadProgress(lambda: 1000, clock, interval_s=5)
     lines = []
     for _ in range(1000):
         clock.now += 0.012  # 12 s in all
@@ -37,6 +37,6 @@ def test_a_long_load_reports_every_interval_and_at_the_end() -> None:
 
 def test_a_long_sync_that_opened_nothing_says_nothing() -> None:
     clock = Clock()
-    progress = LoadProgress(0, clock, interval_s=5)
+    progress = LoadProgress(lambda: 0, clock, interval_s=5)
     clock.now += 60
     assert progress.finished() is None
