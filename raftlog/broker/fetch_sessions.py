@@ -18,8 +18,12 @@ The request's (session_id, session_epoch) means, as in Kafka's ``FetchSession``:
 * (id, -1): close session ``id``; the request itself is a full sessionless one.
 
 Only follower fetches get sessions (a consumer asking for one gets id 0, which KIP-227 allows:
-"no session"). Sessions are bounded (``max_sessions``, least recently used evicted, Kafka's
-``max.incremental.fetch.session.cache.slots``).
+"no session"). What the cache holds is bounded: ``max_sessions`` in all (least recently used
+evicted, Kafka's ``max.incremental.fetch.session.cache.slots``), ``SESSIONS_PER_BROKER`` per
+broker (a follower needs one per leader connection; its oldest goes), and
+``SESSION_PARTITIONS_MAX`` partitions per session: a full request naming more gets no session,
+and an incremental one growing past it ends the session (FETCH_SESSION_ID_NOT_FOUND, so the
+follower starts over).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ __all__ = [
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 MAX_SESSIONS = 1000
+SESSIONS_PER_BROKER = 2
+SESSION_PARTITIONS_MAX = 50_000
 _NEVER = -2  # "not answered yet": any value differs from it
 
 
@@ -168,9 +174,11 @@ class FetchSession:
 class FetchSessionCache:
     """The sessions of one broker's followers (bounded, least recently used evicted)."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS, first_id: int = 1) -> None:
-        assert max_sessions > 0
+    def __init__(self, max_sessions: int = MAX_SESSIONS, first_id: int = 1,
+                 partitions_max: int = SESSION_PARTITIONS_MAX) -> None:
+        assert max_sessions > 0 and partitions_max > 0
         self.max_sessions = max_sessions
+        self.partitions_max = partitions_max
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()
         self._ids = itertools.count(first_id)
         self.evicted = 0
@@ -193,6 +201,9 @@ class FetchSessionCache:
                 return ErrorCode.NONE, None
             created = self._create(replica_id)
             created.update(topics, forgotten)
+            if len(created.partitions) > self.partitions_max:
+                del self._sessions[created.session_id]  # answered in full, without a session
+                return ErrorCode.NONE, None
             return ErrorCode.NONE, created
         session = self._sessions.get(session_id)
         if session is None or session.replica_id != replica_id:
@@ -203,6 +214,9 @@ class FetchSessionCache:
         session.next_epoch = _next_epoch(session.next_epoch)
         self._sessions.move_to_end(session_id)
         session.update(topics, forgotten)
+        if len(session.partitions) > self.partitions_max:
+            del self._sessions[session_id]
+            return ErrorCode.FETCH_SESSION_ID_NOT_FOUND, None
         return ErrorCode.NONE, session
 
     def _close(self, session_id: int, replica_id: int) -> None:
@@ -211,6 +225,10 @@ class FetchSessionCache:
             del self._sessions[session_id]
 
     def _create(self, replica_id: int) -> FetchSession:
+        own = [s.session_id for s in self._sessions.values() if s.replica_id == replica_id]
+        for session_id in own[:max(len(own) - SESSIONS_PER_BROKER + 1, 0)]:
+            del self._sessions[session_id]  # this broker's oldest
+            self.evicted += 1
         while len(self._sessions) >= self.max_sessions:
             self._sessions.popitem(last=False)
             self.evicted += 1

@@ -171,3 +171,29 @@ def test_after_every_answer_the_leader_holds_exactly_what_the_follower_wants(
             assert held(session) == wanted
         else:
             assert follower.epoch == 0, "an error starts a new session"
+
+
+def test_what_a_broker_can_make_the_cache_hold_is_bounded() -> None:
+    cache = FetchSessionCache(partitions_max=3)
+    # A full request naming more partitions than a session may hold is answered sessionless.
+    many = [("t", [Wire(i, fetch(0)) for i in range(4)])]
+    assert cache.begin(replica_id=2, session_id=0, session_epoch=0, topics=many,
+                       forgotten=[]) == (ErrorCode.NONE, None)
+    assert len(cache) == 0
+    # An incremental one growing a session past it ends the session.
+    _, session = cache.begin(replica_id=2, session_id=0, session_epoch=0,
+                             topics=[("t", [Wire(0, fetch(0))])], forgotten=[])
+    assert session is not None
+    grown = [("t", [Wire(i, fetch(0)) for i in range(1, 4)])]
+    assert cache.begin(replica_id=2, session_id=session.session_id, session_epoch=1,
+                       topics=grown, forgotten=[])[0] == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    assert len(cache) == 0
+    # One broker keeps at most two sessions; others' are untouched.
+    _, theirs = cache.begin(replica_id=3, session_id=0, session_epoch=0, topics=[],
+                            forgotten=[])
+    for _ in range(5):
+        cache.begin(replica_id=2, session_id=0, session_epoch=0, topics=[], forgotten=[])
+    assert len(cache) == 3
+    assert theirs is not None and cache.begin(
+        replica_id=3, session_id=theirs.session_id, session_epoch=1, topics=[],
+        forgotten=[])[0] == ErrorCode.NONE
