@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from raftlog.log_budget import LogBudget
+
 __all__ = ["TickStalls"]
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,8 @@ class TickStalls:
         self.longest_s = 0.0
         self._previous_start: float | None = None
         self._last_tick = (0.0, 0.0, 0.0)  # journal fsync, pysyncobj's tick, raftlog's after
+        # A starved node stalls on most ticks: a few lines per period, then a count.
+        self._budget = LogBudget(log, "raft tick stalls", burst=5)
 
     def note_start(self, now: float) -> float | None:
         """A tick starts at ``now``; returns the gap if it was a stall."""
@@ -37,9 +41,10 @@ class TickStalls:
         self.count += 1
         self.longest_s = max(self.longest_s, gap)
         flush_s, tick_s, after_s = self._last_tick
-        log.warning("raft tick thread stalled %.0f ms between ticks (the tick before: journal "
-                    "fsync %.0f ms, pysyncobj %.0f ms, views %.0f ms): no heartbeats went out "
-                    "meanwhile", gap * 1000, flush_s * 1000, tick_s * 1000, after_s * 1000)
+        self._budget.log(logging.WARNING, "raft tick thread stalled %.0f ms between ticks (the "
+                         "tick before: journal fsync %.0f ms, pysyncobj %.0f ms, views %.0f "
+                         "ms): no heartbeats went out meanwhile", gap * 1000, flush_s * 1000,
+                         tick_s * 1000, after_s * 1000)
         return gap
 
     def note_tick(self, flush_s: float, tick_s: float, after_s: float) -> None:
