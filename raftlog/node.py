@@ -51,6 +51,7 @@ from raftlog.config.tls import TLS_PROTOCOLS
 from raftlog.controller.rpcs import ControllerRpcs
 from raftlog.controller.scram_bootstrap import bootstrap_when_controller, read_bootstrap
 from raftlog.controller.service import ControllerService, settings_from_config
+from raftlog.gc_freezer import gc_freezer
 from raftlog.group import GroupInstall
 from raftlog.group import install as install_groups
 from raftlog.metadata.image import BrokerEndpoint, MetadataImage
@@ -468,6 +469,12 @@ async def _follow_metadata(quorum: Quorum, apis: KafkaApis) -> None:
 async def run_until_signalled(config: ServerConfig) -> None:
     """Runs a node until SIGINT or SIGTERM, then shuts it down (controlled, then cancelled)."""
     node = Node(config)
+    # The process's long-lived heap out of the collector's full walks (raftlog.gc_freezer).
+    with gc_freezer():
+        await _run_node_until_signalled(node)
+
+
+async def _run_node_until_signalled(node: Node) -> None:
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             nursery.start_soon(node.run)
