@@ -446,9 +446,23 @@ def _merge_handlers(*tables: dict[int, Handler]) -> dict[int, Handler]:
     return merged
 
 
+# Kafka's documentation recommends at least 100,000 file descriptors per broker; Linux's
+# fs.nr_open is 1,048,576 by default, so a privileged process can have this many.
+OPEN_FILES_WANTED: Final = 100_000
+
+
 def _raise_open_file_limit() -> None:
-    """Each partition holds a few file descriptors; lift the soft limit to the hard one."""
+    """Each segment holds a file descriptor and each connection one: lift the soft limit to
+    the hard one, and the hard one to OPEN_FILES_WANTED where the process may (root, or
+    CAP_SYS_RESOURCE), as Kafka's operators set ``nofile`` to 100,000 or more."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < OPEN_FILES_WANTED:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES_WANTED, OPEN_FILES_WANTED))
+        except (ValueError, OSError):  # not permitted, or over fs.nr_open
+            pass
+        else:
+            hard = OPEN_FILES_WANTED
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         log.info("open-file limit raised from %d to %d", soft, hard)

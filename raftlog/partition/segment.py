@@ -24,6 +24,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Final
 
 from raftlog.partition.batch import (
     RECORD_BATCH_OVERHEAD,
@@ -56,6 +57,9 @@ logger = logging.getLogger(__name__)
 # small batches, and costs the same as a 61-byte read for large ones.
 _SCAN_WINDOW_BYTES = 4096
 
+# Appends go to the end whatever the file offset (reads are preads); read-write for ftruncate.
+_LOG_FILE_FLAGS: Final = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+
 
 class Segment:
     """A ``.log`` file of batches starting at ``base_offset``, with sparse indexes.
@@ -67,7 +71,7 @@ class Segment:
     """
 
     def __init__(
-        self, directory: Path, base_offset: int, index_interval_bytes: int, read_fd: int,
+        self, directory: Path, base_offset: int, index_interval_bytes: int, fd: int,
         file_suffix: str = "",
     ) -> None:
         self.directory = directory
@@ -91,8 +95,10 @@ class Segment:
         # ``size_bytes``, so no append may follow until recovery truncates them (on open).
         # Holds why the cut-off failed.
         self.torn: str | None = None
-        self._read_fd = read_fd
-        self._append_fd: int | None = None
+        # One fd per segment, for reads (pread, sendfile through dups) and appends alike: a
+        # node with 10,000 partitions must fit a 20,000 open-file limit with room for
+        # connections (two fds each, as before, did not).
+        self._fd = fd
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_index_entry = 0
         self._timestamps = TimestampSearch()  # ListOffsets by timestamp, record-level
@@ -109,26 +115,19 @@ class Segment:
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of a deleted namesake
             (directory / (segment_file_name(base_offset, suffix) + file_suffix)).unlink(
                 missing_ok=True)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        append_fd = os.open(log_path, flags, 0o644)
-        read_fd = -1
+        fd = os.open(log_path, _LOG_FILE_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            read_fd = _open_read(log_path)
             txn_path = directory / (segment_file_name(base_offset, TXN_INDEX_SUFFIX)
                                     + file_suffix)
             os.close(os.open(txn_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                              0o644))
         except BaseException:
             # Out of fds: leave nothing behind, or the next roll fails on O_EXCL forever.
-            os.close(append_fd)
-            if read_fd >= 0:
-                os.close(read_fd)
+            os.close(fd)
             with contextlib.suppress(OSError):
                 log_path.unlink()
             raise
-        segment = cls(directory, base_offset, index_interval_bytes, read_fd, file_suffix)
-        segment._append_fd = append_fd
-        return segment
+        return cls(directory, base_offset, index_interval_bytes, fd, file_suffix)
 
     @classmethod
     def open_existing(
@@ -136,9 +135,9 @@ class Segment:
     ) -> Segment:
         """Open a segment file; the caller must then call ``load_sealed`` or ``recover``."""
         log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + file_suffix)
-        segment = cls(directory, base_offset, index_interval_bytes, _open_read(log_path),
-                      file_suffix)
-        segment.size_bytes = os.fstat(segment._read_fd).st_size
+        segment = cls(directory, base_offset, index_interval_bytes,
+                      os.open(log_path, _LOG_FILE_FLAGS), file_suffix)
+        segment.size_bytes = os.fstat(segment._fd).st_size
         return segment
 
     def path_for(self, suffix: str) -> Path:
@@ -200,7 +199,7 @@ class Segment:
 
     def fsync(self) -> None:
         """fsync the log file (blocking)."""
-        os.fsync(self._read_fd)
+        os.fsync(self._fd)
 
     def seal(self) -> None:
         """Stop appending: record the final max timestamp, write + fsync both index files
@@ -217,14 +216,12 @@ class Segment:
         assert self.time_index.last_timestamp == self.max_timestamp_ms
         self.index.write(self.index_path)
         self.time_index.write(self.time_index_path)
-        self._close_append_fd()
         self.sealed = True
 
     def close(self) -> None:
-        self._close_append_fd()
-        if self._read_fd >= 0:
-            os.close(self._read_fd)
-            self._read_fd = -1
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def delete(self) -> None:
         """Close and unlink all files; dup'd fds held by readers stay valid."""
@@ -239,24 +236,14 @@ class Segment:
 
     def dup_fd(self) -> int:
         """A private fd for fsync in a worker thread (fsync works on read-only fds on Linux)."""
-        return os.dup(self._read_fd)
+        return os.dup(self._fd)
 
     def largest_timestamp_ms(self) -> int:
         """For time retention: the max batch timestamp, else the file mtime (as Kafka does)."""
         if self.max_timestamp_ms >= 0:
             return self.max_timestamp_ms
-        return os.fstat(self._read_fd).st_mtime_ns // 1_000_000
+        return os.fstat(self._fd).st_mtime_ns // 1_000_000
 
-    def _close_append_fd(self) -> None:
-        if self._append_fd is not None:
-            os.close(self._append_fd)
-            self._append_fd = None
-
-    def _writable_fd(self) -> int:
-        if self._append_fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-            self._append_fd = os.open(self.log_path, flags)
-        return self._append_fd
 
     # --- append ----------------------------------------------------------------------------
 
@@ -290,7 +277,7 @@ class Segment:
         assert self.torn is None, "a torn segment takes no appends until recovery"
         assert headers and headers[0].base_offset >= self.next_offset, "offsets must increase"
         start = self.size_bytes
-        fd = self._writable_fd()
+        fd = self._fd
         try:
             write_all(fd, buf)
         except OSError as error:
@@ -431,13 +418,13 @@ class Segment:
         """Read and check the batch at ``position``: header, CRC if asked, record count, and
         that its base offset continues the segment. Raises a PartitionLogError subclass."""
         available_bytes = (self.size_bytes if end is None else end) - position
-        data = os.pread(self._read_fd, RECORD_BATCH_OVERHEAD, position)
+        data = os.pread(self._fd, RECORD_BATCH_OVERHEAD, position)
         if len(data) < RECORD_BATCH_OVERHEAD or available_bytes < RECORD_BATCH_OVERHEAD:
             raise CorruptRecordError(f"incomplete batch header at position {position}")
         header = parse_header(data)
         check_header(header, available_bytes, position)
         if verify_crc:
-            check_batch(os.pread(self._read_fd, header.size_bytes, position))
+            check_batch(os.pread(self._fd, header.size_bytes, position))
         check_stored_record_count(header)
         if header.base_offset < expected_offset or \
                 header.last_offset - self.base_offset > INT32_MAX:
@@ -451,7 +438,7 @@ class Segment:
 
     def _truncate_file(self, size_bytes: int) -> None:
         self.verified.truncate(size_bytes)
-        os.ftruncate(self._writable_fd(), size_bytes)
+        os.ftruncate(self._fd, size_bytes)
         self.flushed_size_bytes = min(self.flushed_size_bytes, size_bytes)
 
     # --- truncation --------------------------------------------------------------------------
@@ -467,7 +454,7 @@ class Segment:
         position = self.size_bytes if found is None else found[0]
         rolling_base_ms = self.rolling_base_ms
         self._truncate_file(position)
-        os.fsync(self._writable_fd())
+        os.fsync(self._fd)
         self.torn = None  # whatever a failed append left behind is cut off too
         self.size_bytes = position
         self._rebuild(verify_crc=False)
@@ -493,7 +480,7 @@ class Segment:
         while end - position >= RECORD_BATCH_OVERHEAD:
             in_window = position - window_start
             if in_window + RECORD_BATCH_OVERHEAD > len(window):
-                window = os.pread(self._read_fd, min(_SCAN_WINDOW_BYTES, end - position), position)
+                window = os.pread(self._fd, min(_SCAN_WINDOW_BYTES, end - position), position)
                 window_start, in_window = position, 0
                 if len(window) < RECORD_BATCH_OVERHEAD:
                     raise CorruptRecordError(f"{self.log_path} shrank under position {end}")
@@ -530,7 +517,7 @@ class Segment:
             end = batch_end
         if end == start:
             return None
-        return FileSlice(os.dup(self._read_fd), start, end - start)
+        return FileSlice(os.dup(self._fd), start, end - start)
 
     def find_timestamp(self, timestamp_ms: int, start_offset: int) -> TimestampAndOffset | None:
         """The first record at or after ``start_offset`` whose timestamp is >=
@@ -542,7 +529,7 @@ class Segment:
         # Batches before this offset all have smaller timestamps (see TimeIndex).
         first_offset = max(self.time_index.offset_before(timestamp_ms), start_offset)
         _, position = self.index.lookup(first_offset)
-        return self._timestamps.find_timestamp(self.iter_headers(position), self._read_fd,
+        return self._timestamps.find_timestamp(self.iter_headers(position), self._fd,
                                                self.log_path, timestamp_ms, start_offset)
 
     def find_max_timestamp(self) -> TimestampAndOffset | None:
@@ -552,7 +539,7 @@ class Segment:
         a batch whose records cannot be read answers its base offset. Not bounded by the
         log start offset (see PartitionLog.find_max_timestamp)."""
         _, position = self.index.lookup(self._offset_of_max_timestamp)
-        return self._timestamps.find_max_timestamp(self.iter_headers(position), self._read_fd,
+        return self._timestamps.find_max_timestamp(self.iter_headers(position), self._fd,
                                                    self.log_path, self.max_timestamp_ms)
 
 

@@ -161,6 +161,39 @@ def test_roll_by_bytes(tmp_path: Path) -> None:
     log.close()
 
 
+def open_fds_under(directory: Path) -> int:
+    """This process's open fds on files in ``directory``."""
+    fd_dir = Path("/proc/self/fd")
+    targets = []
+    for name in os.listdir(fd_dir):
+        try:
+            targets.append(os.readlink(fd_dir / name))
+        except FileNotFoundError:
+            continue  # the fd listdir itself used
+    return sum(1 for target in targets if target.startswith(str(directory)))
+
+
+def test_each_segment_holds_one_file_descriptor(tmp_path: Path) -> None:
+    # 10,000 partitions on a node with a 20,000 open-file limit: two fds per segment (one
+    # to read, one to append) ran out while the last topics were created.
+    size = len(batch(1, value_bytes=50))
+    log = open_log(tmp_path, segment_bytes=3 * size)
+    for _ in range(7):
+        log.append(batch(1, value_bytes=50), leader_epoch=0, now_ms=T0)
+    assert log.segment_count == 3
+    assert open_fds_under(tmp_path) == 3
+    log.close()
+    reopened = open_log(tmp_path, segment_bytes=3 * size)
+    reopened.append(batch(1, value_bytes=50), leader_epoch=0, now_ms=T0)  # appends reuse it
+    reopened.truncate_to(5)  # drops segment 6, cuts segment 3 (ftruncate on the same fd)
+    assert reopened.segment_count == 2
+    assert open_fds_under(tmp_path) == 2
+    reopened.append(batch(1, value_bytes=50), leader_epoch=0, now_ms=T0)
+    assert parse_header(read_all(reopened, 5)).base_offset == 5
+    reopened.close()
+    assert open_fds_under(tmp_path) == 0
+
+
 def test_oversized_append_goes_to_an_empty_segment(tmp_path: Path) -> None:
     log = open_log(tmp_path, segment_bytes=100)
     log.append(batch(1, value_bytes=500), leader_epoch=0, now_ms=T0)
