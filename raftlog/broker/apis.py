@@ -80,7 +80,10 @@ class KafkaApis:
         self.fetch_apis = FetchApis(quorum, manager, self.replicas, gate)
         self.offset_apis = OffsetApis(quorum, manager, gate)
         self.delete_records_apis = DeleteRecordsApis(quorum, manager, self.replicas)
-        self.topic_admin = TopicAdmin(config, quorum, self.sync_partitions)
+        # One sync at a time: two interleaved passes could apply an older image's partition
+        # state after a newer one's.
+        self._sync_lock = trio.Lock()
+        self.topic_admin = TopicAdmin(config, quorum, self.sync_partitions_cooperatively)
         self.config_apis = ConfigApis(config, quorum)
         self.metadata_apis = MetadataApis(config, quorum, self.topic_admin.create_topic,
                                           metadata_caught_up)
@@ -124,11 +127,12 @@ class KafkaApis:
         """``sync_partitions``, letting other tasks run every ``SYNC_SLICE_S``: a metadata
         change that moves a thousand partitions here (a restart, a fenced peer) must not hold
         the broker's heartbeat back until its session expires."""
-        slice_start = trio.current_time()
-        for _ in self._sync_steps():
-            if trio.current_time() - slice_start >= SYNC_SLICE_S:
-                await trio.lowlevel.checkpoint()
-                slice_start = trio.current_time()
+        async with self._sync_lock:
+            slice_start = trio.current_time()
+            for _ in self._sync_steps():
+                if trio.current_time() - slice_start >= SYNC_SLICE_S:
+                    await trio.lowlevel.checkpoint()
+                    slice_start = trio.current_time()
 
     def _sync_steps(self) -> Iterator[None]:
         dynamic = dynamic_broker_configs(self.quorum.image, self.config.node_id)

@@ -4,14 +4,15 @@ the metadata quorum.
 On a node that is not the controller these are wrapped by ``raftlog.broker.controller_apis``,
 which forwards them; ``TopicAdmin.create_topic`` is also how Metadata auto-creates a topic
 and how the group coordinator creates ``__consumer_offsets``. After a committed change the local
-partitions are brought in step at once (``sync_partitions``), not at the next image watch.
+partitions are brought in step (``sync_partitions``, once per request) before the answer goes
+out, not at the next image watch.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from raftlog.config import TOPIC_CONFIG_KEYS, ServerConfig
 from raftlog.metadata import errors as metadata_errors
@@ -50,7 +51,7 @@ class TopicAdmin:
     brings this node's partitions in step with the image after a committed change."""
 
     def __init__(self, config: ServerConfig, quorum: Quorum,
-                 sync_partitions: Callable[[], None]) -> None:
+                 sync_partitions: Callable[[], Awaitable[None]]) -> None:
         self.config = config
         self.quorum = quorum
         self.sync_partitions = sync_partitions
@@ -83,8 +84,11 @@ class TopicAdmin:
                                     sorted(topic.assignments, key=lambda a: a.partition_index))
                 code, message = await self.create_topic(
                     topic.name, topic.num_partitions, topic.replication_factor, assignments,
-                    configs, validate_only=request.validate_only)
+                    configs, validate_only=request.validate_only, sync=False)
                 results.append({"name": topic.name, "error_code": code, "error_message": message})
+            if not request.validate_only:
+                # Once for the request: each sync looks at every partition of the image.
+                await self.sync_partitions()
             return {"throttle_time_ms": 0, "topics": results}
 
         return create_all
@@ -98,6 +102,7 @@ class TopicAdmin:
         configs: Mapping[str, str],
         *,
         validate_only: bool = False,
+        sync: bool = True,
     ) -> tuple[int, str | None]:
         image = self.quorum.image
         if name in image.topics:
@@ -130,9 +135,9 @@ class TopicAdmin:
             return ErrorCode.NONE, None
         record = CreateTopic(name=name, topic_id=uuid.uuid4().bytes, partitions=assignments,
                              configs=tuple(sorted(configs.items())))
-        return await self._propose(record)
+        return await self._propose(record, sync=sync)
 
-    async def _propose(self, record: Record) -> tuple[int, str | None]:
+    async def _propose(self, record: Record, *, sync: bool = True) -> tuple[int, str | None]:
         try:
             result = await self.quorum.propose(record, timeout_s=ADMIN_TIMEOUT_S)
         except NotControllerError as exc:
@@ -143,7 +148,8 @@ class TopicAdmin:
         except QuorumError as exc:
             log.warning("metadata proposal failed: %s", exc)
             return ErrorCode.REQUEST_TIMED_OUT, f"The metadata quorum did not commit: {exc}"
-        self.sync_partitions()
+        if sync:
+            await self.sync_partitions()
         return wire_error_code(result.error_code), result.message
 
     def delete_topics(self, ctx: RequestContext) -> HandlerResult:
@@ -159,8 +165,10 @@ class TopicAdmin:
                     log.info("refused to delete internal topic %s", name)
                     code = ErrorCode.INVALID_TOPIC_EXCEPTION
                 else:
-                    code, _ = await self._propose(DeleteTopic(name=name, topic_id=topic.topic_id))
+                    code, _ = await self._propose(DeleteTopic(name=name, topic_id=topic.topic_id),
+                                                  sync=False)
                 responses.append({"name": name, "error_code": code})
+            await self.sync_partitions()
             return {"throttle_time_ms": 0, "responses": responses}
 
         return delete_all
@@ -214,7 +222,7 @@ class TopicAdmin:
                 log.warning("metadata proposal failed: %s", exc)
                 return ErrorCode.REQUEST_TIMED_OUT, f"The metadata quorum did not commit: {exc}"
             if result.error_code != metadata_errors.STALE_METADATA_VERSION:
-                self.sync_partitions()
+                await self.sync_partitions()
                 return wire_error_code(result.error_code), result.message
         return ErrorCode.REQUEST_TIMED_OUT, f"Topic '{name}' kept changing; retry."
 
