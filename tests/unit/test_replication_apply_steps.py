@@ -4,11 +4,26 @@ and each one it handles is a step a caller can yield at (raftlog.replication.man
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
-from raftlog.metadata.records import AlterConfigs, CreateTopic, FenceBroker, PartitionChange
+import pytest
+import trio
+
+import raftlog.broker.apis as apis_module
+from raftlog.broker.apis import KafkaApis
+from raftlog.config import ServerConfig
+from raftlog.metadata.records import (
+    AlterConfigs,
+    CreateTopic,
+    DeleteTopic,
+    FenceBroker,
+    PartitionChange,
+)
 from raftlog.metadata.state import RESOURCE_TYPE_TOPIC
 from raftlog.metadata.testing import MachineDriver, make_topic_id
 from raftlog.partition.manager import PartitionManager
+from raftlog.quorum.interface import Quorum
 from raftlog.replication.manager import ReplicaManager
 
 
@@ -57,5 +72,38 @@ def test_apply_image_runs_every_step(tmp_path: Path) -> None:
         assert sorted(manager.partitions) == [("t", 0), ("t", 1)]
         assert not any(p.is_leader for p in manager.partitions.values())
         assert _steps(replicas, driver) == 0
+    finally:
+        manager.close()
+
+
+def test_a_sync_never_runs_inside_another(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass over an older image that resumed after a newer one had opened a new topic
+    deleted that topic's partitions (seen in a 10,000-partition create: the controller's
+    CreateTopics sync ran while its metadata watch's sync was between two steps)."""
+    monkeypatch.setattr(apis_module, "SYNC_SLICE_S", 0.0)  # yield after every step
+    driver = MachineDriver()
+    driver.bootstrap((1, 2, 3))
+    assert driver.apply(CreateTopic("old", make_topic_id(5), ((1, 2, 3),) * 20, ())).ok
+    quorum = SimpleNamespace(image=driver.machine.image)
+    manager = PartitionManager(tmp_path, 1)
+    config = ServerConfig.from_properties({"node.id": "1", "log.dirs": str(tmp_path)})
+    apis = KafkaApis(config, cast(Quorum, quorum), manager)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(apis.sync_partitions_cooperatively)  # the metadata watch's
+            for _ in range(5):
+                await trio.lowlevel.checkpoint()
+            assert 0 < len(manager.partitions) < 20, "the first pass is between two steps"
+            assert driver.apply(DeleteTopic("old", make_topic_id(5))).ok
+            assert driver.apply(CreateTopic("new", make_topic_id(6), ((1, 2, 3),) * 2, ())).ok
+            quorum.image = driver.machine.image
+            await apis.topic_admin.sync_partitions()  # what CreateTopics awaits
+        # Interleaved, the older pass re-opened "old" and then deleted "new" as unassigned.
+        assert sorted(manager.partitions) == [("new", 0), ("new", 1)]
+
+    try:
+        trio.run(main)
     finally:
         manager.close()
