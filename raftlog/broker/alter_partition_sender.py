@@ -26,7 +26,11 @@ __all__ = ["AlterPartitionSender", "AlterPartitionUnansweredError", "SupersededE
 
 log = logging.getLogger(__name__)
 
-BATCH_MAX_DEFAULT: Final = 1000
+# Why 200: the controller commits about 1,000 partition changes a second on a busy 2-core
+# box (measured in a 10,000-partition restart), so a request of 200 is answered well within
+# its timeout; a request of 1,000 took longer than the 1 s it had, every partition's outcome
+# became unknown, and the retries repeated the same oversized request for a minute.
+BATCH_MAX_DEFAULT: Final = 200
 
 # send(body) -> the AlterPartition response; raises when no controller answered.
 SendAlterPartition = Callable[[dict[str, Any]], Awaitable[Struct]]

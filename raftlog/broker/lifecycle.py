@@ -459,8 +459,10 @@ class BrokerLifecycle:
                                                 partition_epoch)
 
     async def _send_alter_partition(self, body: dict[str, Any]) -> Struct:
+        # Not the heartbeat's timeout (twice its interval): a batch of ISR changes waits for
+        # a Raft commit of all of them, and a timeout makes every outcome unknown.
         return await self.channel.call(ALTER_PARTITION, body, version=ALTER_PARTITION_VERSION,
-                                       timeout_s=self._request_timeout_s)
+                                       timeout_s=REQUEST_TIMEOUT_S_MAX)
 
     def _partition_from(self, topic: str, result: Struct) -> PartitionImage | None:
         """The partition as an AlterPartition answer gives it (None without an epoch)."""

@@ -126,3 +126,31 @@ async def test_a_caller_that_stopped_waiting_is_not_sent() -> None:
 
 
 
+
+
+async def test_a_restart_worth_of_changes_goes_in_requests_the_controller_answers_in_time(
+) -> None:
+    # 10,000 partitions after a restart: requests of 1,000 changes took the controller more
+    # than the 1 s they were given, every outcome became unknown and the same oversized
+    # requests were sent again for a minute. At most BATCH_MAX_DEFAULT (200) per request.
+    controller = FakeController()
+    controller.release.set()
+    sender = AlterPartitionSender(controller.send, 1, lambda: 7, _image)
+    answered = 0
+
+    async def change(index: int) -> None:
+        nonlocal answered
+        code, _ = await sender.alter_isr("t", index, (1, 2), 1, 4)
+        assert code == errors.NONE
+        answered += 1
+
+    async with trio.open_nursery() as nursery:
+        for index in range(1000):
+            nursery.start_soon(change, index)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(sender.run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    sizes = [sum(len(t["partitions"]) for t in body["topics"]) for body in controller.bodies]
+    assert answered == 1000 and sum(sizes) == 1000
+    assert max(sizes) <= 200, sizes
