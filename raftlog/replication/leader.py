@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from raftlog.log_budget import LogBudget
 from raftlog.metadata import errors as metadata_errors
 from raftlog.metadata.image import PartitionImage
 from raftlog.metrics.recorders import Counter
@@ -81,6 +82,9 @@ class IsrManager:
         # (topic, partition, leader epoch) of resignations sent, and of lone corrupt leaders.
         self._resigning: set[tuple[str, int, int]] = set()
         self._alone_logged: set[tuple[str, int, int]] = set()
+        # One unanswered AlterPartition request fails up to 200 partitions at once (and a
+        # slow controller all of them, again and again): a few lines, then a count.
+        self._failure_lines = LogBudget(log, "AlterPartition failure lines")
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -221,8 +225,8 @@ class IsrManager:
                     partition.topic, partition.index, pending.proposed, state.leader_epoch,
                     pending.partition_epoch)
         except Exception as exc:  # trio.TooSlowError included: the outcome is unknown
-            log.warning("partition %s-%d: AlterPartition failed: %r", partition.topic,
-                        partition.index, exc)
+            self._failure_lines.log(logging.WARNING, "partition %s-%d: AlterPartition failed:"
+                                    " %r", partition.topic, partition.index, exc)
             state.change_failed(pending, now_ms(), definitive=False)
             return
         if partition.leader_state is not state:
