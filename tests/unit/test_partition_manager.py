@@ -80,3 +80,23 @@ async def test_deleted_partition_releases_waiters(tmp_path: Path) -> None:
         manager.remove_partition("t", 0)
     assert result == [False]
     assert not (tmp_path / "t-0").exists()
+
+
+def test_close_snapshots_every_partition_that_moved_even_when_one_write_fails(
+        tmp_path: Path) -> None:
+    from raftlog.partition.producer_snapshot import list_snapshots
+
+    manager = PartitionManager(tmp_path, node_id=1)
+    for index in range(40):
+        partition = manager.ensure_partition("t", index, {}, leader_epoch=0)
+        if index != 39:  # partition 39 has no data: nothing to snapshot
+            partition.log.append(_batch(b"v"), leader_epoch=0, now_ms=now_ms())
+    directories = {index: manager.partitions[("t", index)].log.directory for index in range(40)}
+    # Partition 7's snapshot cannot be written (its temp file's name is a directory).
+    offset = manager.partitions[("t", 7)].log.log_end_offset
+    (directories[7] / f"{offset:020d}.snapshot.tmp").mkdir()
+    manager.close()
+    assert not manager.partitions
+    for index, directory in directories.items():
+        expected = [] if index in (7, 39) else [1]
+        assert list_snapshots(directory) == expected, index
