@@ -131,6 +131,11 @@ class PartitionManager:
         self.data_dir = data_dir
         self.node_id = node_id
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # The same partitions by topic, and those whose flushing is relaxed (flush.ms or
+        # flush.messages set): at 10,000 partitions, a config update per created topic and a
+        # timed-flush check per flusher wake-up each went through every partition.
+        self._by_topic: dict[str, dict[int, Partition]] = {}
+        self._relaxed: set[Partition] = set()
         self._dirty: set[Partition] = set()
         self._flush_wanted = trio.Event()
         self._data_arrived = trio.Event()  # some high watermark moved (consumer long polls)
@@ -151,6 +156,16 @@ class PartitionManager:
 
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
+
+    def partitions_of(self, topic: str) -> list[Partition]:
+        """The open partitions of ``topic``, in no particular order."""
+        return list(self._by_topic.get(topic, {}).values())
+
+    def _note_flush_mode(self, partition: Partition) -> None:
+        if partition.durable_acks:
+            self._relaxed.discard(partition)
+        else:
+            self._relaxed.add(partition)
 
     # -- lifecycle driven by the metadata image ----------------------------------------------
 
@@ -180,6 +195,8 @@ class PartitionManager:
         # partition's HW is reset by the ReplicaManager from its checkpoint.)
         partition.advance_high_watermark(partition_log.log_end_offset)
         self.partitions[(topic, index)] = partition
+        self._by_topic.setdefault(topic, {})[index] = partition
+        self._note_flush_mode(partition)
         log.info("partition %s-%d open at offsets [%d, %d)", topic, index,
                  partition_log.log_start_offset, partition_log.log_end_offset)
         return partition
@@ -188,6 +205,11 @@ class PartitionManager:
         partition = self.partitions.pop((topic, index), None)
         if partition is None:
             return
+        of_topic = self._by_topic[topic]
+        del of_topic[index]
+        if not of_topic:
+            del self._by_topic[topic]
+        self._relaxed.discard(partition)
         partition.mark_deleted()
         self._wake_fetches()
         self._dirty.discard(partition)
@@ -204,14 +226,13 @@ class PartitionManager:
         local partitions, live: every reader of ``log.config`` (roll, retention, flush,
         append validation, the cleaner) and min.insync.replicas see them from now on."""
         new_config: LogConfig | None = None
-        for (name, _), partition in self.partitions.items():
-            if name != topic:
-                continue
+        for partition in self.partitions_of(topic):
             new_config = new_config or log_config_for(configs)
             if partition.log.config != new_config:
                 log.info("partition %s-%d: log config changed to %s", topic, partition.index,
                          new_config)
                 partition.log.config = new_config
+                self._note_flush_mode(partition)
             partition.apply_configs(configs)
 
     def purge_leftover_deletions(self) -> None:
@@ -225,6 +246,8 @@ class PartitionManager:
         for partition in self.partitions.values():
             partition.log.close()
         self.partitions.clear()
+        self._by_topic.clear()
+        self._relaxed.clear()
 
     # -- appends and group commit -----------------------------------------------------------
 
@@ -289,8 +312,8 @@ class PartitionManager:
 
     def _collect_timed_flushes(self) -> None:
         now = now_ms()
-        for partition in self.partitions.values():
-            if not partition.durable_acks and partition.log.needs_flush(now):
+        for partition in self._relaxed:
+            if partition.log.needs_flush(now):
                 self._dirty.add(partition)
 
     async def _flush_round(self) -> None:

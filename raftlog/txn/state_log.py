@@ -78,8 +78,9 @@ class TxnStateLog:
                     partition.leader_epoch != state.coordinator_epoch:
                 log.info("no longer transaction coordinator for %s-%d", TXN_TOPIC, index)
                 del self.owned[index]
-        for (topic, index), partition in list(self.manager.partitions.items()):
-            if topic != TXN_TOPIC or not partition.is_leader or index in self.loading:
+        for partition in self.manager.partitions_of(TXN_TOPIC):
+            index = partition.index
+            if not partition.is_leader or index in self.loading:
                 continue
             if index in self.owned:
                 continue

@@ -100,3 +100,28 @@ def test_close_snapshots_every_partition_that_moved_even_when_one_write_fails(
     for index, directory in directories.items():
         expected = [] if index in (7, 39) else [1]
         assert list_snapshots(directory) == expected, index
+
+
+def test_timed_flushes_follow_a_topic_switching_to_relaxed_flushing_and_back(
+        tmp_path: Path) -> None:
+    # The timed-flush check looks only at relaxed partitions (it went through all 10,000 on
+    # every flusher wake-up): one whose topic turns flush.ms on must be found, one turned
+    # back to the default must not.
+    manager = PartitionManager(tmp_path, node_id=1)
+    kept = manager.ensure_partition("kept", 0, DEFAULTS, leader_epoch=0)
+    moving = manager.ensure_partition("moving", 0, DEFAULTS, leader_epoch=0)
+    for partition in (kept, moving):
+        partition.log.append(_batch(b"x"), leader_epoch=0, now_ms=now_ms() - 60_000)
+    manager._collect_timed_flushes()
+    assert not manager._dirty
+    manager.update_configs("moving", {**DEFAULTS, "flush.ms": "1"})
+    assert [p.topic for p in manager.partitions_of("moving")] == ["moving"]
+    manager._collect_timed_flushes()
+    assert manager._dirty == {moving}
+    manager._dirty.clear()
+    manager.update_configs("moving", DEFAULTS)
+    manager._collect_timed_flushes()
+    assert not manager._dirty
+    manager.remove_partition("moving", 0)
+    assert manager.partitions_of("moving") == []
+    manager.close()

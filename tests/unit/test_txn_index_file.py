@@ -227,7 +227,7 @@ def test_opening_from_files_equals_a_full_scan(tmp_path_factory: pytest.TempPath
             elif op == "roll":
                 partition.log.segments[-1].rolling_base_ms = -10**12  # next append rolls
             elif op == "snapshot":  # as the 30 s task does
-                manager_module._write_producer_snapshot(partition)
+                manager_module._write_producer_snapshots([partition])
             elif op == "crash":  # no shutdown snapshot: the producer state replays the log
                 _flush(partition)
                 partition.log.close()
