@@ -224,6 +224,8 @@ class ControllerCore:
         self._unreachable: frozenset[int] = frozenset()  # quorum links down at the last look
         self._last_seen_ms = now_ms
         self._next_rebalance_ms = now_ms + settings.rebalance_interval_ms
+        # The image and usable brokers of the last plan that changed nothing (see ``tick``).
+        self._settled: tuple[MetadataImage, frozenset[int]] | None = None
         self._grant_sessions(image, now_ms)
 
     # --- Liveness ---------------------------------------------------------------------------
@@ -538,18 +540,27 @@ class ControllerCore:
         rebalance = self.settings.rebalance_interval_ms > 0 and now_ms >= self._next_rebalance_ms
         if rebalance:
             self._next_rebalance_ms = now_ms + self.settings.rebalance_interval_ms
-        proposals = [
-            Proposal(change, None, "reconcile")
-            for change in plan_partition_changes(
-                image, usable, preferred=rebalance,
-                default_unclean=self.settings.unclean_leader_election,
-            )
-        ]  # fmt: skip
+        proposals = [Proposal(change, None, "reconcile")
+                     for change in self._plan(image, frozenset(usable), rebalance)]
         for broker in sorted(image.brokers.values(), key=lambda b: b.node_id):
             if not broker.fenced and broker.node_id not in usable:
                 reason = "shutting down" if self.is_shutting_down(broker.node_id) else "expired"
                 proposals.append(Proposal(FenceBroker(broker.node_id), broker.version, reason))
         return proposals
+
+    def _plan(self, image: MetadataImage, usable: frozenset[int],
+              rebalance: bool) -> list[PartitionChange]:
+        """``plan_partition_changes``, a pure function of these arguments: after a plan that
+        changed nothing, the same image and brokers change nothing again. A plan looks at
+        every partition (about 50 ms at 10,000) and the tick runs several times a second."""
+        settled = self._settled
+        if not rebalance and settled is not None and settled[0] is image and \
+                settled[1] == usable:
+            return []
+        planned = plan_partition_changes(image, usable, preferred=rebalance,
+                                         default_unclean=self.settings.unclean_leader_election)
+        self._settled = (image, usable) if not planned and not rebalance else None
+        return planned
 
 
 def _holds(image: MetadataImage, change: PartitionChange, broker_id: int) -> bool:

@@ -609,3 +609,30 @@ def test_placement_uses_usable_brokers_and_spreads_leaders_by_topic_name() -> No
     # Same name, same placement: a retried CreateTopics places alike.
     place = cluster.core.place_replicas
     assert place(cluster.image, 0, "x", 6, 2) == place(cluster.image, 0, "x", 6, 2)
+
+
+def test_a_settled_image_is_not_planned_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reconciliation ran plan_partition_changes over every partition on every tick (about
+    # 50 ms each at 10,000 partitions, several ticks a second) although nothing had changed.
+    import raftlog.controller.core as core_module
+
+    planned: list[int] = []
+    real = core_module.plan_partition_changes
+
+    def counting(image: MetadataImage, *args: object, **kwargs: object) -> object:
+        planned.append(image.version)
+        return real(image, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core_module, "plan_partition_changes", counting)
+    cluster = Cluster()
+    cluster.create("t", (1, 2, 3))
+    cluster.run(3 * TICK_MS, alive=(1, 2, 3))
+    settled = len(planned)
+    cluster.run(5 * TICK_MS, alive=(1, 2, 3))
+    assert len(planned) == settled, "the same image and brokers are not planned again"
+    # A broker that stops heartbeating changes the usable brokers: planned again, and its
+    # leadership moves as before.
+    before = cluster.image.topics["t"].partitions[0].leader
+    cluster.run(2 * SESSION_MS, alive=[b for b in (1, 2, 3) if b != before])
+    assert len(planned) > settled
+    assert cluster.image.topics["t"].partitions[0].leader != before
