@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -141,13 +141,21 @@ class FetchApis:
             stats.count_served(plan, body)
             return body
 
+        changes = self.manager.changes
+        seen = changes.seq  # what moved after this, the first read may not have seen
         body, total_bytes, failed = self._read_fetch(plan, record=True)
         if request.max_wait_ms <= 0 or self._fetch_complete(plan, total_bytes, failed):
             return answer(body)
+        # An incremental answer leaves out what did not change: a wake-up reads again only
+        # the partitions that moved since this request came (change_journal) and those whose
+        # first read already had news for the follower (a HW without records, say); None:
+        # every partition.
+        news = session.unanswered(body["responses"]) if session and incremental else None
         _close_regions(body)
         deadline = trio.current_time() + request.max_wait_ms / 1000
 
         async def long_poll() -> Body:
+            nonlocal seen, news
             stats.waiting += 1
             try:
                 while True:
@@ -155,9 +163,13 @@ class FetchApis:
                         await self.manager.wait_for_append(deadline)
                     else:
                         await self.manager.wait_for_data(deadline)
-                    body, total_bytes, failed = self._read_fetch(plan, record=False)
+                    moved = changes.since(seen)
+                    seen = changes.seq
+                    news = None if news is None or moved is None else news | moved
+                    again = plan if news is None else _only(plan, news)
+                    body, total_bytes, failed = self._read_fetch(again, record=False)
                     if trio.current_time() >= deadline or \
-                            self._fetch_complete(plan, total_bytes, failed):
+                            self._fetch_complete(again, total_bytes, failed):
                         return answer(body)
                     _close_regions(body)
             finally:
@@ -308,6 +320,16 @@ def _trace_sent(partition: Partition, replica_id: int, size_bytes: int, limit_by
     assert partition.trace is not None
     if size_bytes < limit_bytes:
         partition.trace.sent(replica_id, max_offset)
+
+
+def _only(plan: FetchPlan, keys: set[tuple[str, int]]) -> FetchPlan:
+    """``plan`` restricted to the partitions in ``keys``."""
+    partitions = []
+    for name, requests in plan.partitions:
+        kept = [r for r in requests if (name, r.partition) in keys]
+        if kept:
+            partitions.append((name, kept))
+    return replace(plan, partitions=partitions)
 
 
 def _close_regions(body: Body) -> None:

@@ -91,15 +91,19 @@ class SessionPartition:
         self.log_start_offset = request.log_start_offset
         self.partition_max_bytes = request.partition_max_bytes
 
-    def must_answer(self, result: dict[str, Any]) -> bool:
-        """Whether an incremental answer includes this partition (Kafka's
-        ``CachedPartition.maybeUpdateResponseData``), remembering what it says if so."""
-        changed = (
+    def differs(self, result: dict[str, Any]) -> bool:
+        """Whether ``result`` says something the follower was not told yet."""
+        return (
             bool(result["records"]) or result["error_code"] != ErrorCode.NONE
             or result["high_watermark"] != self.answered_high_watermark
             or result["log_start_offset"] != self.answered_log_start_offset
             or result["last_stable_offset"] != self.answered_last_stable_offset
         )
+
+    def must_answer(self, result: dict[str, Any]) -> bool:
+        """Whether an incremental answer includes this partition (Kafka's
+        ``CachedPartition.maybeUpdateResponseData``), remembering what it says if so."""
+        changed = self.differs(result)
         if changed:
             self.answered_high_watermark = result["high_watermark"]
             self.answered_log_start_offset = result["log_start_offset"]
@@ -144,6 +148,19 @@ class FetchSession:
             else:
                 groups.append((topic, [partition]))
         return tuple((topic, tuple(parts)) for topic, parts in groups)
+
+    def unanswered(self, topics: list[dict[str, Any]]) -> set[Key]:
+        """The partitions of a read whose result an incremental answer would include (what
+        ``answered`` would keep), without remembering anything."""
+        keys: set[Key] = set()
+        for topic in topics:
+            name = topic["topic"]
+            for result in topic["partitions"]:
+                key = (name, result["partition_index"])
+                cached = self.partitions.get(key)
+                if cached is not None and cached.differs(result):
+                    keys.add(key)
+        return keys
 
     def answered(self, topics: list[dict[str, Any]], *, incremental: bool
                  ) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ import trio
 from raftlog.config import LOG_RETENTION_CHECK_INTERVAL_MS_DEFAULT
 from raftlog.metrics.recorders import Counter, Histogram
 from raftlog.partition.append_trace import AppendTrace, TraceStats
+from raftlog.partition.change_journal import ChangeJournal
 from raftlog.partition.errors import PartitionLogError
 from raftlog.partition.log import (
     FlushTicket,
@@ -137,6 +138,7 @@ class PartitionManager:
         self._by_topic: dict[str, dict[int, Partition]] = {}
         self._relaxed: set[Partition] = set()
         self._dirty: set[Partition] = set()
+        self.changes = ChangeJournal()  # which partitions each wake-up of the long polls was for
         self._flush_wanted = trio.Event()
         self._data_arrived = trio.Event()  # some high watermark moved (consumer long polls)
         self._appended = trio.Event()  # some log end moved (follower long polls)
@@ -211,7 +213,7 @@ class PartitionManager:
             del self._by_topic[topic]
         self._relaxed.discard(partition)
         partition.mark_deleted()
-        self._wake_fetches()
+        self._wake_fetches(partition)
         self._dirty.discard(partition)
         partition.log.close()
         directory = self.data_dir / f"{topic}-{index}"
@@ -257,6 +259,7 @@ class PartitionManager:
         if partition.durable_acks or partition.log.needs_flush(now_ms()):
             self._dirty.add(partition)
             self._flush_wanted.set()
+        self.changes.note((partition.topic, partition.index))
         self._appended.set()
         self._appended = trio.Event()
         if not partition.durable_acks:
@@ -269,7 +272,7 @@ class PartitionManager:
         candidate = partition.leader_high_watermark_candidate(
             now_ms(), self.is_replica_eligible)
         if partition.advance_high_watermark(min(candidate, partition.log.log_end_offset)):
-            self._wake_fetches()
+            self._wake_fetches(partition)
             return True
         return False
 
@@ -279,7 +282,8 @@ class PartitionManager:
         partition.advance_high_watermark(
             min(leader_high_watermark, partition.log.log_end_offset))
 
-    def _wake_fetches(self) -> None:
+    def _wake_fetches(self, partition: Partition) -> None:
+        self.changes.note((partition.topic, partition.index))
         self._data_arrived.set()
         self._data_arrived = trio.Event()
         self._appended.set()
@@ -298,7 +302,7 @@ class PartitionManager:
     def note_role_change(self, partition: Partition) -> None:
         """Wake everything that waits on this partition or on any partition."""
         partition.notify_changed()
-        self._wake_fetches()
+        self._wake_fetches(partition)
 
     async def run_flusher(self) -> None:
         """Group commit: one fsync round covers every append made since the last one."""
