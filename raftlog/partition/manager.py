@@ -137,6 +137,7 @@ class PartitionManager:
         # timed-flush check per flusher wake-up each went through every partition.
         self._by_topic: dict[str, dict[int, Partition]] = {}
         self._relaxed: set[Partition] = set()
+        self.membership_version = 0  # bumped when a partition opens or goes (scrubber cache)
         self._dirty: set[Partition] = set()
         self.changes = ChangeJournal()  # which partitions each wake-up of the long polls was for
         self._flush_wanted = trio.Event()
@@ -198,6 +199,7 @@ class PartitionManager:
         partition.advance_high_watermark(partition_log.log_end_offset)
         self.partitions[(topic, index)] = partition
         self._by_topic.setdefault(topic, {})[index] = partition
+        self.membership_version += 1
         self._note_flush_mode(partition)
         log.info("partition %s-%d open at offsets [%d, %d)", topic, index,
                  partition_log.log_start_offset, partition_log.log_end_offset)
@@ -212,6 +214,7 @@ class PartitionManager:
         if not of_topic:
             del self._by_topic[topic]
         self._relaxed.discard(partition)
+        self.membership_version += 1
         partition.mark_deleted()
         self._wake_fetches(partition)
         self._dirty.discard(partition)

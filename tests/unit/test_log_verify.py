@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -13,6 +14,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
+import raftlog.partition.scrubber as scrubber_module
 from raftlog.metrics.recorders import Counter
 from raftlog.partition.batch import build_batch, check_batch
 from raftlog.partition.log import LogConfig, PartitionLog
@@ -263,3 +265,33 @@ def test_scrubber_reports_a_bad_batch_once_and_moves_on(tmp_path: Path) -> None:
 def test_scrubber_is_off_at_zero(tmp_path: Path) -> None:
     manager = PartitionManager(tmp_path, 1)
     trio.run(LogScrubber(manager, 0).run)  # returns at once
+
+
+def test_the_scrubber_sorts_the_partitions_only_when_they_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A restart of 10,000 partitions gave the scrubber 10,000 chunks, and it sorted every
+    # partition for each one.
+    manager = _manager_with_log(tmp_path)
+    scrubber = LogScrubber(manager, 1 << 30, idle_s=3600)
+    sorts = 0
+    real_sorted = sorted
+
+    def counting_sorted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal sorts
+        sorts += 1
+        return real_sorted(*args, **kwargs)
+
+    monkeypatch.setattr(scrubber_module, "sorted", counting_sorted, raising=False)
+
+    async def main() -> int:
+        chunks = 0
+        while (chunk := scrubber.next_chunk()) is not None:
+            await scrubber.check(chunk)
+            chunks += 1
+        return chunks
+
+    assert trio.run(main) >= 3
+    assert sorts == 1
+    manager.ensure_partition("u", 0, {}, 0)  # a partition opened: sorted again
+    assert scrubber.next_chunk() is None and sorts == 2
+    manager.close()
