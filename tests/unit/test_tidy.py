@@ -26,7 +26,8 @@ LONG_FILES_ALLOWED = {"raftlog/protocol/schemas.py"}
 
 # Lowest first. A package may import its own layer's packages and any lower layer's.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"config", "clock", "log_budget", "protocol", "security", "metadata", "metrics"}),
+    frozenset({"config", "clock", "log_budget", "gc_freezer", "protocol", "security", "metadata",
+               "metrics"}),
     frozenset({"partition", "quorum", "client"}),
     frozenset({"server", "replication"}),
     frozenset({"controller", "group", "txn"}),
@@ -42,6 +43,7 @@ PURE_MODULES = (
     "raftlog/partition/producer_state.py",
     "raftlog/partition/append.py",
     "raftlog/partition/verified_ranges.py",
+    "raftlog/partition/change_journal.py",
     "raftlog/controller/core.py",
     "raftlog/controller/elections.py",
     "raftlog/controller/config_changes.py",
