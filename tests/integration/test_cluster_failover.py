@@ -167,7 +167,11 @@ def test_quorum_leader_sigkill_gives_a_new_controller_quickly(cluster3: Cluster)
                           or None, FAILOVER_TIMEOUT_S, "a new controller", interval_s=0.02)
     took_s = time.monotonic() - killed_at
     assert new_leader != leader
-    assert took_s < 2.5, f"a new controller took {took_s:.2f} s"
+    # 0.4-0.6 s on a quiet box. Each split vote of the two survivors costs another election
+    # timeout (0.35-0.9 s); a fresh-clone run on a loaded box needed five terms (3.4 s). How
+    # fast failover is, is measured by test_raft_processes' test_5 (median of several) and
+    # bench/cluster.py; this bound only catches a controller that does not come back.
+    assert took_s < 6.0, f"a new controller took {took_s:.2f} s"
     # The new controller grants every broker one session, then fences the dead one: it leaves
     # every ISR and loses its leaderships.
     wait_until(lambda: all(leader not in p.isr_nodes and p.leader_id not in (-1, leader)
