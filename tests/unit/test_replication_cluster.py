@@ -269,6 +269,15 @@ def broker_login(node_id: int, quorum: ImageHolder | None = None) -> ClusterLogi
     return ClusterLogin(CREDENTIALS, broker_user(node_id), extensions)
 
 
+async def topic_with_one_batch(cluster: Cluster) -> KafkaConnection:
+    """TOPIC on nodes 1, 2 and 3 (node 1 leads) with one batch produced (acks=all); returns
+    the client connected to node 1."""
+    cluster.create_topic((1, 2, 3))
+    client = await connect(cluster.nodes[1])
+    assert (await produce(client, record_batch(0))).error_code == 0
+    return client
+
+
 async def connect(node: TestNode, as_broker: int | None = None) -> KafkaConnection:
     """A client connection, or broker ``as_broker``'s (replica fetches need one)."""
     login = None
@@ -364,9 +373,7 @@ async def test_followers_catch_up_and_logs_are_identical(tmp_path: Path) -> None
 async def test_acks_all_waits_for_the_followers(tmp_path: Path) -> None:
     async with running_cluster(tmp_path) as (cluster, _):
         nodes = cluster.nodes
-        cluster.create_topic((1, 2, 3))
-        client = await connect(nodes[1])
-        assert (await produce(client, record_batch(0))).error_code == 0
+        client = await topic_with_one_batch(cluster)
         await cut_off(nodes[1], {2, 3})
         # acks=1: the leader's own fsync is enough.
         result = await produce(client, record_batch(1), acks=1)
@@ -442,9 +449,7 @@ async def test_a_stopped_follower_is_shrunk_out_of_the_isr_and_rejoins(tmp_path:
     settings = dataclasses.replace(FAST, replica_lag_time_max_ms=400)
     async with running_cluster(tmp_path, settings=settings) as (cluster, nursery):
         nodes = cluster.nodes
-        cluster.create_topic((1, 2, 3))
-        client = await connect(nodes[1])
-        assert (await produce(client, record_batch(0))).error_code == 0
+        client = await topic_with_one_batch(cluster)
         await nodes[3].stop()
         leader_state = nodes[1].partition().leader_state
         assert leader_state is not None
@@ -679,9 +684,7 @@ async def test_a_refused_expansion_does_not_hold_the_high_watermark(tmp_path: Pa
     # the same partition epoch, which resolved nothing: the HW stood still for 90 s.
     async with running_cluster(tmp_path) as (cluster, _):
         nodes = cluster.nodes
-        cluster.create_topic((1, 2, 3))
-        client = await connect(nodes[1])
-        assert (await produce(client, record_batch(0))).error_code == 0
+        client = await topic_with_one_batch(cluster)
         await eventually(lambda: caught_up(nodes.values()))
         await nodes[3].stop()
         cluster.change(leader=1, isr=(1, 2), new_epoch=False)
@@ -740,9 +743,7 @@ async def test_a_reregistered_follower_is_not_added_back_on_its_old_position(
     settings = dataclasses.replace(FAST, replica_lag_time_max_ms=400)
     async with running_cluster(tmp_path, settings=settings) as (cluster, _):
         nodes = cluster.nodes
-        cluster.create_topic((1, 2, 3))
-        client = await connect(nodes[1])
-        assert (await produce(client, record_batch(0))).error_code == 0
+        client = await topic_with_one_batch(cluster)
         await eventually(lambda: caught_up(nodes.values()))
         await nodes[3].stop()
         assert cluster.driver.apply(FenceBroker(3)).ok
