@@ -86,8 +86,9 @@ class TopicAdmin:
                     topic.name, topic.num_partitions, topic.replication_factor, assignments,
                     configs, validate_only=request.validate_only, sync=False)
                 results.append({"name": topic.name, "error_code": code, "error_message": message})
-            if not request.validate_only:
-                # Once for the request: each sync looks at every partition of the image.
+            if not request.validate_only and _any_applied(results):
+                # Once for the request, and not for one that changed nothing (a client retrying
+                # TOPIC_ALREADY_EXISTS): each sync looks at every partition of the image.
                 await self.sync_partitions()
             return {"throttle_time_ms": 0, "topics": results}
 
@@ -168,7 +169,8 @@ class TopicAdmin:
                     code, _ = await self._propose(DeleteTopic(name=name, topic_id=topic.topic_id),
                                                   sync=False)
                 responses.append({"name": name, "error_code": code})
-            await self.sync_partitions()
+            if _any_applied(responses):
+                await self.sync_partitions()
             return {"throttle_time_ms": 0, "responses": responses}
 
         return delete_all
@@ -255,6 +257,10 @@ class TopicAdmin:
                                          first_partition=current))
         except PlacementError as exc:
             raise _Refused(exc.error_code, str(exc)) from exc
+
+
+def _any_applied(results: list[Body]) -> bool:
+    return any(result["error_code"] == ErrorCode.NONE for result in results)
 
 
 _TOO_MANY_PARTITIONS = (f"Excessively large number of partitions per request"

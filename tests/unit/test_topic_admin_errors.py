@@ -68,3 +68,8 @@ async def test_one_create_topics_request_syncs_the_partitions_once(tmp_path: Pat
         assert [t["error_code"] for t in body["topics"]] == [ErrorCode.NONE] * 5
         assert syncs == 1
         assert len(quorum.image.topics) == 5
+        # The same request again changes nothing (TOPIC_ALREADY_EXISTS): no pass at all.
+        again = await admin.create_topics(request)()  # type: ignore[arg-type, operator, misc]
+        assert again is not None
+        assert {t["error_code"] for t in again["topics"]} == {ErrorCode.TOPIC_ALREADY_EXISTS}
+        assert syncs == 1
