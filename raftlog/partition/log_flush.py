@@ -18,7 +18,7 @@ from pathlib import Path
 from raftlog.partition.files import open_directory
 from raftlog.partition.segment import Segment
 
-__all__ = ["FlushState", "FlushTicket"]
+__all__ = ["FlushPlacement", "FlushState", "FlushTicket"]
 
 
 class FlushTicket:
@@ -65,6 +65,34 @@ class FlushTicket:
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)
+
+
+class FlushPlacement:
+    """Where the next group-commit round runs its fsyncs: on the event loop while recent
+    rounds were quick, in a worker thread otherwise.
+
+    Why: at light load the hand-off to a worker thread and back (two thread wake-ups, the
+    GIL changing hands, a wake-up of the loop through its socketpair) cost about 12% of each
+    broker's CPU (3.35 ms of CPU per replicated produce for the three brokers with the
+    thread, 2.82 ms on the loop), more than the 0.15 ms fsync it carried. A slow round
+    (much dirty data, a busy disk) blocks the loop for no longer than that one round: its
+    duration decays by half a round, so the rounds after it go to the thread until they are
+    quick again. Pure bookkeeping; the caller times the rounds.
+    """
+
+    def __init__(self, inline_s_max: float = 0.001, tickets_max: int = 4) -> None:
+        assert inline_s_max > 0 and tickets_max > 0
+        self.inline_s_max = inline_s_max
+        self.tickets_max = tickets_max
+        self._recent_s = inline_s_max  # the first round of a node goes to a worker thread
+
+    def inline(self, tickets: int) -> bool:
+        """Whether a round of ``tickets`` fsync tickets should run on the loop."""
+        return tickets <= self.tickets_max and self._recent_s < self.inline_s_max
+
+    def observe(self, seconds: float) -> None:
+        """A round took ``seconds`` (wherever it ran)."""
+        self._recent_s = max(seconds, self._recent_s / 2)
 
 
 class FlushState:

@@ -4,7 +4,8 @@
 
 * the set of local partitions, kept in step with the metadata image (create and delete);
 * group commit: appends land in the page cache at once and one flusher task fsyncs every
-  dirty log in a worker thread, so one fsync covers every request that arrived meanwhile;
+  dirty log, so one fsync covers every request that arrived meanwhile; on the loop while
+  fsyncs are quick, in a worker thread when they are not (``log_flush.FlushPlacement``);
 * the high watermark: with the default durability (``flush.messages`` unset) a record is
   visible to consumers and acknowledged to producers only once it is fsynced. Relaxed
   ``flush.messages`` / ``flush.ms`` make it visible at once and fsync on that policy. On a
@@ -44,6 +45,7 @@ from raftlog.partition.log import (
     PartitionLog,
     describe_os_error,
 )
+from raftlog.partition.log_flush import FlushPlacement
 from raftlog.partition.partition import Partition, now_ms
 from raftlog.partition.producer_snapshot import (
     SnapshotFence,
@@ -148,6 +150,7 @@ class PartitionManager:
         # Told when a partition's log finds a corrupt batch: set by the ReplicaManager.
         self.on_corrupt: Callable[[Partition], None] = lambda partition: None
         self.flush_rounds = 0  # fsync rounds run so far (group commit makes it << appends)
+        self.flush_placement = FlushPlacement()
         self.stats = StorageStats()
         # log.retention.check.interval.ms, producer.id.expiration.ms and
         # producer.id.expiration.check.interval.ms (server.properties).
@@ -339,9 +342,14 @@ class PartitionManager:
             if ticket is not None:
                 tickets.append((partition, ticket))
         started = time.perf_counter()
-        failures = await trio.to_thread.run_sync(_run_tickets, [t for _, t in tickets])
+        if self.flush_placement.inline(len(tickets)):
+            failures = _run_tickets([t for _, t in tickets])
+        else:
+            failures = await trio.to_thread.run_sync(_run_tickets, [t for _, t in tickets])
         if tickets:
-            self.stats.flush_ms.observe((time.perf_counter() - started) * 1000)
+            took_s = time.perf_counter() - started
+            self.flush_placement.observe(took_s)
+            self.stats.flush_ms.observe(took_s * 1000)
         self.flush_rounds += 1
         for (partition, ticket), failure in zip(tickets, failures, strict=True):
             if partition.deleted:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import trio
 
+from raftlog.partition import manager as manager_module
 from raftlog.partition.batch import build_batch
+from raftlog.partition.log import FlushTicket
+from raftlog.partition.log_flush import FlushPlacement
 from raftlog.partition.manager import PartitionManager, log_config_for
 from raftlog.partition.partition import now_ms
 
@@ -125,3 +131,54 @@ def test_timed_flushes_follow_a_topic_switching_to_relaxed_flushing_and_back(
     manager.remove_partition("moving", 0)
     assert manager.partitions_of("moving") == []
     manager.close()
+
+
+def test_flush_placement_runs_quick_rounds_on_the_loop_and_slow_ones_in_a_thread() -> None:
+    placement = FlushPlacement(inline_s_max=0.001, tickets_max=4)
+    assert not placement.inline(1)  # nothing measured yet: a worker thread
+    placement.observe(0.0002)
+    assert placement.inline(1) and placement.inline(4)
+    assert not placement.inline(5)  # many logs to sync: a thread, whatever the last took
+    placement.observe(0.008)  # one slow round: the next ones go to a thread...
+    assert not placement.inline(1)
+    for _ in range(3):
+        placement.observe(0.0002)
+        assert not placement.inline(1)  # 8, 4, 2 ms: still decaying
+    placement.observe(0.0002)
+    assert placement.inline(1)  # ...until the slow one has decayed below the bound
+
+
+async def test_quick_fsync_rounds_run_on_the_event_loop(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-off to a worker thread and back cost more CPU than the fsync it carried:
+    quick rounds stay on the loop's thread; a slow round sends the next ones to a worker."""
+    loop_thread = threading.get_ident()
+    ran_on: list[bool] = []  # per round: on the loop's thread?
+    slow = {"s": 0.0}
+
+    def recording(tickets: list[FlushTicket]) -> list[OSError | None]:
+        ran_on.append(threading.get_ident() == loop_thread)
+        time.sleep(slow["s"])
+        return real_run_tickets(tickets)
+
+    real_run_tickets = manager_module._run_tickets
+    monkeypatch.setattr(manager_module, "_run_tickets", recording)
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, DEFAULTS, leader_epoch=0)
+
+    async def one_append() -> None:
+        info = partition.log.append(_batch(b"v"), leader_epoch=0, now_ms=now_ms())
+        manager.note_append(partition)
+        assert await partition.wait_high_watermark(info.last_offset + 1, trio.current_time() + 10)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.run_flusher)
+        for _ in range(3):
+            await one_append()
+        slow["s"] = 0.02
+        await one_append()  # on the loop (the rounds before were quick), but slow
+        slow["s"] = 0.0
+        await one_append()
+        nursery.cancel_scope.cancel()
+    manager.close()
+    assert ran_on == [False, True, True, True, False]
