@@ -58,6 +58,11 @@ SEND_TIMEOUT_S = 30.0
 # Frames up to this size get a buffer of their exact size; bigger ones start in a recycled
 # buffer of FRAME_BUFFER_BYTES (see request_memory.py).
 SMALL_FRAME_BYTES = 64 << 10
+# A response up to this size goes out in one send: its file regions are read into the buffer
+# (pread) rather than sent with sendfile after the bytes before them. A follower's Fetch answer
+# at light load is ~1 KiB: sendfile cost the leader a second syscall (measured 139 us against
+# 66 us for the send) and the follower a second wake-up for the second TCP segment.
+COPIED_RESPONSE_BYTES = 64 << 10
 LISTENER_NAME = "PLAINTEXT"  # the default listener name (the metrics label)
 _now = time.perf_counter_ns  # request stage instants (request_stats.py)
 
@@ -500,11 +505,13 @@ async def _send_chunks(
     stream: trio.SocketStream | TlsStream,
     chunks: list[bytes | bytearray | memoryview | Region]
 ) -> None:
-    """Sends bytes with send_all and file regions with sendfile (copied through a buffer over
-    TLS, ``raftlog.server.tls``), closing every region."""
+    """Sends bytes with send_all and file regions with sendfile, closing every region. Over
+    TLS, and for a response of at most COPIED_RESPONSE_BYTES, the regions are copied into one
+    buffer with the bytes around them (``raftlog.server.tls.send_copying``)."""
     pending = bytearray()
     try:
-        if not isinstance(stream, trio.SocketStream):
+        if not isinstance(stream, trio.SocketStream) or \
+                sum(_chunk_size(c) for c in chunks) <= COPIED_RESPONSE_BYTES:
             try:
                 await send_copying(stream, chunks)
             except EOFError as exc:

@@ -7,6 +7,7 @@ it over a real TCP connection, so the code under test is exactly the broker's.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -23,13 +24,16 @@ from raftlog.client.connection import KafkaConnection
 from raftlog.config import ServerConfig
 from raftlog.metadata.image import MetadataImage
 from raftlog.partition.manager import PartitionManager
+from raftlog.partition.segment_files import FileSlice
 from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, Struct
 from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
 from raftlog.quorum.interface import Quorum
 from raftlog.security.session import Session
+from raftlog.server import listener as listener_module
 from raftlog.server.listener import (
+    COPIED_RESPONSE_BYTES,
     INFLIGHT_REQUESTS_MAX,
     Body,
     ConnectionClosed,
@@ -585,3 +589,43 @@ async def test_fetch_and_list_offsets_check_the_leader_epoch(tmp_path: Path) -> 
             await client.aclose()
     finally:
         manager.close()
+
+
+@pytest.mark.parametrize(("region_bytes", "sendfiles"), [
+    (1000, 0), (COPIED_RESPONSE_BYTES - 8, 0), (COPIED_RESPONSE_BYTES - 7, 1)])
+async def test_small_responses_go_out_in_one_send_big_ones_use_sendfile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, region_bytes: int,
+        sendfiles: int) -> None:
+    """A follower's ~1 KiB Fetch answer is read from the file into the response buffer: one
+    syscall and one TCP segment instead of a send and a sendfile. Big answers keep sendfile.
+    (The response here is the region and 8 bytes around it.)"""
+    data = bytes(range(256)) * (region_bytes // 256 + 1)
+    path = tmp_path / "segment.log"
+    path.write_bytes(b"x" * 7 + data)
+    calls: list[int] = []
+    real_sendfile = os.sendfile
+
+    def counting(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        calls.append(count)
+        return real_sendfile(out_fd, in_fd, offset, count)
+
+    monkeypatch.setattr(listener_module.os, "sendfile", counting)
+    fd = os.open(path, os.O_RDONLY)
+    region = FileSlice(os.dup(fd), 7, region_bytes)
+    os.close(fd)
+    left, right = trio.socket.socketpair()
+    received = bytearray()
+    expected = b"head" + data[:region_bytes] + b"tail"
+
+    async def receive() -> None:
+        while len(received) < len(expected):
+            received.extend(await right.recv(1 << 20))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        await listener_module._send_chunks(trio.SocketStream(left), [b"head", region, b"tail"])
+    assert bytes(received) == expected
+    assert len(calls) == sendfiles
+    assert region.fd == -1  # closed either way
+    left.close()
+    right.close()
