@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from raftlog.client import socket_io
 from raftlog.client.tls_stream import TlsStream
 from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, Struct
@@ -209,7 +210,7 @@ class KafkaConnection:
                 api, version, body, is_request=True)
             try:
                 with trio.fail_after(timeout_s):
-                    await self._stream.send_all(_SIZE.pack(len(payload)) + payload)
+                    await self._send(_SIZE.pack(len(payload)) + payload)
                     frame = await self._receive_frame()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise KafkaClientError(f"connection lost: {exc}") from exc
@@ -223,6 +224,12 @@ class KafkaConnection:
         if api is API_VERSIONS and version > 0 and _is_v0_error(frame[pos:]):
             return codec.decode(api, 0, frame[pos:], is_request=False)
         return codec.decode(api, version, frame[pos:], is_request=False)
+
+    async def _send(self, data: bytes) -> None:
+        if isinstance(self._stream, TlsStream):
+            await self._stream.send_all(data)
+        else:
+            await socket_io.send_all(self._stream.socket, data)
 
     async def _receive_frame(self) -> memoryview:
         prefix = await self._receive_exactly(4)
@@ -246,7 +253,7 @@ class KafkaConnection:
             return buf
         sock = self._stream.socket
         while received < size:
-            count = await sock.recv_into(view[received:], size - received)
+            count = await socket_io.recv_into(sock, view[received:], size - received)
             if count == 0:
                 raise KafkaClientError("broker closed the connection")
             received += count

@@ -4,8 +4,9 @@ Each connection has a reader task and a writer task in the connection's own nurs
 reader takes frames in arrival order and calls the handler's synchronous part *in that
 order* (so two produce requests on one connection append in the order they were sent), then
 queues a response slot. A handler may return a body at once or an awaitable that finishes it
-later (waiting for fsync, a long-poll fetch, a quorum commit); those run concurrently. The
-writer sends slots strictly in request order, as Kafka requires. The slot queue is bounded,
+later (waiting for fsync, a long-poll fetch, a quorum commit). The writer awaits those and
+sends the responses strictly in request order, as Kafka requires; so, as in Kafka, the
+waiting parts of one connection's requests run one at a time. The slot queue is bounded,
 which is the per-connection back-pressure.
 
 Each request's stage times, its error codes and the connection counts go to the listener's
@@ -19,10 +20,8 @@ handler no longer needs it. Readers short of memory stop reading their sockets.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
-import os
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -48,7 +47,8 @@ from raftlog.server.request_memory import (
     is_viewed,
 )
 from raftlog.server.request_stats import RequestStats, request_name
-from raftlog.server.tls import TlsListener, accept_tls, send_copying
+from raftlog.server.response_send import PlainSocket, chunk_size, send_chunks
+from raftlog.server.tls import TlsListener, accept_tls
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,6 @@ SEND_TIMEOUT_S = 30.0
 # Frames up to this size get a buffer of their exact size; bigger ones start in a recycled
 # buffer of FRAME_BUFFER_BYTES (see request_memory.py).
 SMALL_FRAME_BYTES = 64 << 10
-# A response up to this size goes out in one send: its file regions are read into the buffer
-# (pread) rather than sent with sendfile after the bytes before them. A follower's Fetch answer
-# at light load is ~1 KiB: sendfile cost the leader a second syscall (measured 139 us against
-# 66 us for the send) and the follower a second wake-up for the second TCP segment.
-COPIED_RESPONSE_BYTES = 64 << 10
 LISTENER_NAME = "PLAINTEXT"  # the default listener name (the metrics label)
 _now = time.perf_counter_ns  # request stage instants (request_stats.py)
 
@@ -74,15 +69,6 @@ HandlerResult = Body | Deferred | None
 
 class Handler(Protocol):
     def __call__(self, request: RequestContext) -> HandlerResult: ...
-
-
-class FileRegion(Region, Protocol):
-    """A region backed by a file descriptor that the writer sends with sendfile."""
-
-    fd: int
-    position: int
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -106,7 +92,10 @@ class _Slot:
     correlation_id: int
     lease: FrameLease  # the request's bytes, counted until its handler is done with them
     read: int  # perf_counter_ns instants of the request's stages (request_stats.py)
-    done: trio.Event = field(default_factory=trio.Event)
+    # The rest of a handler that has to wait (a long poll, acks=all): the writer awaits it in
+    # request order, as Kafka handles one request of a connection at a time. No task of its
+    # own: a task per request cost a spawn and one more pass of the scheduler per response.
+    deferred: Deferred | None = None
     body: Body | None = None
     respond: bool = True
     name: str = ""  # the metrics' request name (Fetch is FetchConsumer or FetchFollower)
@@ -166,8 +155,8 @@ async def serve_connection(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_write_responses, stream, receive_slots, stats, quota)
             async with send_slots:
-                await _read_requests(stream, handlers, limits, send_slots, nursery, session,
-                                     memory, quota)
+                await _read_requests(stream, handlers, limits, send_slots, session, memory,
+                                     quota)
     except* ConnectionClosed as group:
         log.warning("closing connection from %s: %s", peer, group.exceptions[0])
     except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError) as group:
@@ -198,18 +187,17 @@ async def _read_requests(
     handlers: dict[int, Handler],
     limits: ListenerLimits,
     slots: trio.MemorySendChannel[_Slot],
-    nursery: trio.Nursery,
     session: Session,
     memory: RequestMemory,
     quota: ConnectionQuota | None = None,
 ) -> None:
     peer = session.peer
-    receiver: _Receiver = (stream.socket if isinstance(stream, trio.SocketStream)  # type: ignore[assignment]
+    receiver: _Receiver = (PlainSocket(stream.socket) if isinstance(stream, trio.SocketStream)
                            else stream)
     reader = _FrameReader(receiver, limits, session, memory)
     while True:
         try:
-            slot = await _next_request(reader, handlers, nursery, session, quota)
+            slot = await _next_request(reader, handlers, session, quota)
             if slot is None:
                 return
         except ConnectionClosed as exc:
@@ -234,7 +222,7 @@ class _Frame:
 
 
 async def _next_request(
-    reader: _FrameReader, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session,
+    reader: _FrameReader, handlers: dict[int, Handler], session: Session,
     quota: ConnectionQuota | None,
 ) -> _Slot | None:
     """Reads and dispatches the next frame. Kept apart from the reading loop so that no
@@ -246,14 +234,14 @@ async def _next_request(
         if quota is not None:  # a throttled connection's next request waits (KIP-219)
             await quota.wait_unmuted()
         read = _now()
-        slot = _dispatch(frame.view(), handlers, nursery, session, frame.lease, read)
+        slot = _dispatch(frame.view(), handlers, session, frame.lease, read)
         if quota is not None:
             quota.dispatched(slot)
     except BaseException:
         frame.lease.release()
         raise
     viewed = is_viewed(frame.buffer)
-    if slot.done.is_set() or not viewed:
+    if slot.deferred is None or not viewed:
         # The handler is done with the request's bytes (Produce has appended its records,
         # and what waits for the acknowledgement keeps no view of them): stop counting them.
         # A deferred part still holding a view gives the lease back when it finishes.
@@ -264,8 +252,8 @@ async def _next_request(
 
 
 def _dispatch(
-    frame: memoryview, handlers: dict[int, Handler], nursery: trio.Nursery, session: Session,
-    lease: FrameLease, read: int,
+    frame: memoryview, handlers: dict[int, Handler], session: Session, lease: FrameLease,
+    read: int,
 ) -> _Slot:
     key, version, correlation_id = codec.peek_request_header(frame)
     api = APIS_BY_KEY.get(key)
@@ -285,7 +273,6 @@ def _dispatch(
             slot.version = 0
             slot.body = api_versions_body(ErrorCode.UNSUPPORTED_VERSION, handlers)
             slot.start = slot.local = slot.ready = _now()
-            slot.done.set()
             return slot
         raise ConnectionClosed(f"unsupported {api.name} version {version}")
     try:
@@ -297,28 +284,22 @@ def _dispatch(
     slot.start = _now()
     result = handlers[key](RequestContext(api, header, body, session.peer, session))
     slot.local = slot.ready = _now()
-    _complete(slot, result, nursery)
+    if result is None:
+        slot.respond = False
+    elif isinstance(result, dict):
+        slot.body = result
+    else:
+        slot.deferred = result
     return slot
 
 
-def _complete(slot: _Slot, result: HandlerResult, nursery: trio.Nursery) -> None:
-    if result is None:
-        slot.respond = False
-        slot.done.set()
-    elif isinstance(result, dict):
-        slot.body = result
-        slot.done.set()
-    else:
-        nursery.start_soon(_finish_deferred, slot, result)
-
-
 async def _finish_deferred(slot: _Slot, deferred: Deferred) -> None:
+    slot.deferred = None
     try:
         body = await deferred()
     finally:
         slot.ready = _now()
-        slot.done.set()  # the writer must never wait forever on a failed handler
-        slot.lease.release()
+        slot.lease.release()  # a deferred part may have kept a view of the request's bytes
     if body is None:
         slot.respond = False
     slot.body = body
@@ -466,7 +447,8 @@ async def _write_responses(
 ) -> None:
     async with slots:
         async for slot in slots:
-            await slot.done.wait()
+            if slot.deferred is not None:
+                await _finish_deferred(slot, slot.deferred)
             if quota is not None:
                 await quota.account(slot)
             taken = _now()
@@ -477,8 +459,11 @@ async def _write_responses(
             if slot.body is None:
                 raise ConnectionClosed(f"{slot.api.name} handler failed")
             chunks = _encode_response(slot)
-            with trio.fail_after(SEND_TIMEOUT_S):
-                await _send_chunks(stream, chunks)
+            try:
+                with trio.fail_after(SEND_TIMEOUT_S):
+                    await send_chunks(stream, chunks)
+            except EOFError as exc:
+                raise ConnectionClosed(str(exc)) from exc
             if quota is not None:
                 quota.sent()
             stats.record(slot.name, slot.body, slot.read, slot.start, slot.local, slot.ready,
@@ -491,69 +476,8 @@ def _encode_response(slot: _Slot) -> list[bytes | bytearray | memoryview | Regio
     flexible_header = slot.api.is_flexible(slot.version) and slot.api is not API_VERSIONS
     header = codec.encode_response_header(slot.correlation_id, flexible_header)
     body = codec.encode(slot.api, slot.version, slot.body, is_request=False)
-    size = len(header) + sum(_chunk_size(c) for c in body)
+    size = len(header) + sum(chunk_size(c) for c in body)
     return [_SIZE.pack(size) + header, *body]
-
-
-def _chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
-    if isinstance(chunk, bytes | bytearray | memoryview):
-        return len(chunk)
-    return chunk.size_bytes
-
-
-async def _send_chunks(
-    stream: trio.SocketStream | TlsStream,
-    chunks: list[bytes | bytearray | memoryview | Region]
-) -> None:
-    """Sends bytes with send_all and file regions with sendfile, closing every region. Over
-    TLS, and for a response of at most COPIED_RESPONSE_BYTES, the regions are copied into one
-    buffer with the bytes around them (``raftlog.server.tls.send_copying``)."""
-    pending = bytearray()
-    try:
-        if not isinstance(stream, trio.SocketStream) or \
-                sum(_chunk_size(c) for c in chunks) <= COPIED_RESPONSE_BYTES:
-            try:
-                await send_copying(stream, chunks)
-            except EOFError as exc:
-                raise ConnectionClosed(str(exc)) from exc
-            return
-        for chunk in chunks:
-            if isinstance(chunk, bytes | bytearray | memoryview):
-                pending += chunk
-                continue
-            if pending:
-                await stream.send_all(pending)
-                pending = bytearray()
-            await _sendfile(stream, chunk)  # type: ignore[arg-type]
-        if pending:
-            await stream.send_all(pending)
-    finally:
-        for chunk in chunks:
-            close = getattr(chunk, "close", None)
-            if close is not None and not isinstance(chunk, bytes | bytearray | memoryview):
-                close()
-
-
-async def _sendfile(stream: trio.SocketStream, region: FileRegion) -> None:
-    sock = stream.socket
-    offset = region.position
-    remaining = region.size_bytes
-    while remaining > 0:
-        try:
-            sent = os.sendfile(sock.fileno(), region.fd, offset, remaining)
-        except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
-            continue
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                await trio.lowlevel.wait_writable(sock)
-                continue
-            raise
-        if sent == 0:
-            raise ConnectionClosed("file region shorter than expected (segment truncated?)")
-        offset += sent
-        remaining -= sent
-    await trio.lowlevel.checkpoint()
 
 
 async def serve_listener(

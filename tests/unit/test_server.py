@@ -31,9 +31,8 @@ from raftlog.protocol.errors import ErrorCode
 from raftlog.protocol.schemas import API_VERSIONS, FETCH, LIST_OFFSETS, METADATA, PRODUCE
 from raftlog.quorum.interface import Quorum
 from raftlog.security.session import Session
-from raftlog.server import listener as listener_module
+from raftlog.server import response_send
 from raftlog.server.listener import (
-    COPIED_RESPONSE_BYTES,
     INFLIGHT_REQUESTS_MAX,
     Body,
     ConnectionClosed,
@@ -48,6 +47,7 @@ from raftlog.server.listener import (
     serve_listener,
 )
 from raftlog.server.request_memory import FRAME_BUFFER_BYTES, FrameLease, RequestMemory
+from raftlog.server.response_send import COPIED_RESPONSE_BYTES
 
 _SIZE = struct.Struct(">i")
 LIMITS = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=10_000)
@@ -609,7 +609,7 @@ async def test_small_responses_go_out_in_one_send_big_ones_use_sendfile(
         calls.append(count)
         return real_sendfile(out_fd, in_fd, offset, count)
 
-    monkeypatch.setattr(listener_module.os, "sendfile", counting)
+    monkeypatch.setattr(response_send.os, "sendfile", counting)
     fd = os.open(path, os.O_RDONLY)
     region = FileSlice(os.dup(fd), 7, region_bytes)
     os.close(fd)
@@ -623,7 +623,7 @@ async def test_small_responses_go_out_in_one_send_big_ones_use_sendfile(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(receive)
-        await listener_module._send_chunks(trio.SocketStream(left), [b"head", region, b"tail"])
+        await response_send.send_chunks(trio.SocketStream(left), [b"head", region, b"tail"])
     assert bytes(received) == expected
     assert len(calls) == sendfiles
     assert region.fd == -1  # closed either way

@@ -1,0 +1,114 @@
+"""How the listener writes a response: bytes and file regions, over plaintext or TLS.
+
+A Fetch answer's records are file regions (``FileSlice``: a dup'd fd, a position, a size),
+never decoded by the broker. Big answers go out with ``sendfile``; answers of at most
+``COPIED_RESPONSE_BYTES`` and every answer over TLS are copied into one buffer with the bytes
+around them (``raftlog.server.tls.send_copying``). Plaintext sockets are written without a
+scheduler pass per call (``raftlog.client.socket_io``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Protocol
+
+import trio
+
+from raftlog.client import socket_io
+from raftlog.client.tls_stream import TlsStream
+from raftlog.protocol.codec import Region
+from raftlog.server.tls import send_copying
+
+__all__ = ["COPIED_RESPONSE_BYTES", "FileRegion", "PlainSocket", "chunk_size", "send_chunks"]
+
+# A response up to this size goes out in one send: its file regions are read into the buffer
+# (pread) rather than sent with sendfile after the bytes before them. A follower's Fetch answer
+# at light load is ~1 KiB: sendfile cost the leader a second syscall (measured 139 us against
+# 66 us for the send) and the follower a second wake-up for the second TCP segment.
+COPIED_RESPONSE_BYTES = 64 << 10
+
+
+class FileRegion(Region, Protocol):
+    """A region backed by a file descriptor that the writer sends with sendfile."""
+
+    fd: int
+    position: int
+
+    def close(self) -> None: ...
+
+
+class PlainSocket:
+    """A plaintext connection's socket, read and written without a scheduler pass per call
+    (``raftlog.client.socket_io``); a TLS connection uses its ``TlsStream``."""
+
+    __slots__ = ("socket",)
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.socket = sock
+
+    async def recv_into(self, view: memoryview, nbytes: int) -> int:
+        return await socket_io.recv_into(self.socket, view, nbytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await socket_io.send_all(self.socket, data)
+
+
+def chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return len(chunk)
+    return chunk.size_bytes
+
+
+async def send_chunks(
+    stream: trio.SocketStream | TlsStream,
+    chunks: list[bytes | bytearray | memoryview | Region]
+) -> None:
+    """Sends bytes with send_all and file regions with sendfile, closing every region; EOFError
+    when a region's file is shorter than the region (a truncated segment). Over
+    TLS, and for a response of at most COPIED_RESPONSE_BYTES, the regions are copied into one
+    buffer with the bytes around them (``raftlog.server.tls.send_copying``)."""
+    pending = bytearray()
+    try:
+        if not isinstance(stream, trio.SocketStream) or \
+                sum(chunk_size(c) for c in chunks) <= COPIED_RESPONSE_BYTES:
+            await send_copying(stream if not isinstance(stream, trio.SocketStream)
+                               else PlainSocket(stream.socket), chunks)
+            return
+        for chunk in chunks:
+            if isinstance(chunk, bytes | bytearray | memoryview):
+                pending += chunk
+                continue
+            if pending:
+                await socket_io.send_all(stream.socket, pending)
+                pending = bytearray()
+            await _sendfile(stream, chunk)  # type: ignore[arg-type]
+        if pending:
+            await socket_io.send_all(stream.socket, pending)
+    finally:
+        for chunk in chunks:
+            close = getattr(chunk, "close", None)
+            if close is not None and not isinstance(chunk, bytes | bytearray | memoryview):
+                close()
+
+
+async def _sendfile(stream: trio.SocketStream, region: FileRegion) -> None:
+    sock = stream.socket
+    offset = region.position
+    remaining = region.size_bytes
+    while remaining > 0:
+        try:
+            sent = os.sendfile(sock.fileno(), region.fd, offset, remaining)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            raise
+        if sent == 0:
+            raise EOFError("file region shorter than expected (segment truncated?)")
+        offset += sent
+        remaining -= sent
+    await trio.lowlevel.checkpoint()
