@@ -159,10 +159,14 @@ class FetchApis:
             stats.waiting += 1
             try:
                 while True:
-                    if plan.from_follower:  # followers want anything appended, not the HW
-                        await self.manager.wait_for_append(deadline)
-                    else:
-                        await self.manager.wait_for_data(deadline)
+                    # Only when nothing moved since the last read: the writer starts this
+                    # wait when it reaches the request, and an append in between (its wake-up
+                    # already spent) would otherwise wait out max_wait_ms.
+                    if changes.seq == seen:
+                        if plan.from_follower:  # followers want anything appended, not the HW
+                            await self.manager.wait_for_append(deadline)
+                        else:
+                            await self.manager.wait_for_data(deadline)
                     moved = changes.since(seen)
                     seen = changes.seq
                     news = None if news is None or moved is None else news | moved

@@ -330,6 +330,33 @@ class PartitionManager:
         """One group-commit round. A failed fsync (or EMFILE before it) takes that
         partition's log offline (``PartitionLog.mark_offline``: one ERROR line, appends get
         KAFKA_STORAGE_ERROR, waiting producers are answered) and never the node down."""
+        if self.flush_placement.inline(len(self._dirty)):
+            # Tasks woken by the same appends go first: on a leader, the followers' long
+            # polls send the new records before this fsync holds the loop.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if self.flush_inline():
+                return
+        started = time.perf_counter()
+        tickets = self._begin_round()
+        failures, fsync_s = await trio.to_thread.run_sync(_run_tickets,
+                                                          [t for _, t in tickets])
+        self._finish_round(tickets, failures, fsync_s, started)
+
+    def flush_inline(self) -> bool:
+        """Run a group-commit round now, on the loop, if fsyncs are quick (``FlushPlacement``):
+        a follower that has just appended a fetch answer syncs it without waking the flusher
+        and being woken again. False (nothing done) when the round belongs in a thread."""
+        if not self._dirty:
+            return True
+        if not self.flush_placement.inline(len(self._dirty)):
+            return False
+        started = time.perf_counter()
+        tickets = self._begin_round()
+        failures, fsync_s = _run_tickets([t for _, t in tickets])
+        self._finish_round(tickets, failures, fsync_s, started)
+        return True
+
+    def _begin_round(self) -> list[tuple[Partition, FlushTicket]]:
         batch = list(self._dirty)
         self._dirty.clear()
         tickets: list[tuple[Partition, FlushTicket]] = []
@@ -341,15 +368,14 @@ class PartitionManager:
                 continue
             if ticket is not None:
                 tickets.append((partition, ticket))
-        started = time.perf_counter()
-        if self.flush_placement.inline(len(tickets)):
-            failures = _run_tickets([t for _, t in tickets])
-        else:
-            failures = await trio.to_thread.run_sync(_run_tickets, [t for _, t in tickets])
+        return tickets
+
+    def _finish_round(self, tickets: list[tuple[Partition, FlushTicket]],
+                      failures: list[OSError | None], fsync_s: float, started: float) -> None:
         if tickets:
-            took_s = time.perf_counter() - started
-            self.flush_placement.observe(took_s)
-            self.stats.flush_ms.observe(took_s * 1000)
+            # The fsyncs' own time, not the hand-off's: what running them inline would block.
+            self.flush_placement.observe(fsync_s)
+            self.stats.flush_ms.observe((time.perf_counter() - started) * 1000)
         self.flush_rounds += 1
         for (partition, ticket), failure in zip(tickets, failures, strict=True):
             if partition.deleted:
@@ -432,8 +458,10 @@ class PartitionManager:
         return deleted
 
 
-def _run_tickets(tickets: Iterable[FlushTicket]) -> list[OSError | None]:
-    """Run every ticket (each closes its fds whatever happens); per ticket, its error."""
+def _run_tickets(tickets: Iterable[FlushTicket]) -> tuple[list[OSError | None], float]:
+    """Run every ticket (each closes its fds whatever happens): per ticket, its error; and
+    the seconds it took."""
+    started = time.perf_counter()
     failures: list[OSError | None] = []
     for ticket in tickets:
         try:
@@ -442,7 +470,7 @@ def _run_tickets(tickets: Iterable[FlushTicket]) -> list[OSError | None]:
             failures.append(error)
         else:
             failures.append(None)
-    return failures
+    return failures, time.perf_counter() - started
 
 
 def _store_snapshot(directory: Path, fence: SnapshotFence, offset: int, data: bytes,

@@ -459,6 +459,10 @@ class LeaderFetcher:
         each HW to min(leader HW, own end): only then may the next fetch report the end.
         Then follow the leader's log start offset (DeleteRecords, retention)."""
         timeout_s = self.settings.socket_timeout_ms / 1000
+        if appended:
+            # Quick fsyncs run here and now rather than in the flusher task (two scheduler
+            # passes fewer between the answer and the next Fetch); slow ones stay there.
+            self.manager.flush_inline()
         for assignment, end_offset, leader_high_watermark, leader_start in appended:
             partition = assignment.partition
             # Most answers carry nothing for most partitions: no wait (and no cancel scope)

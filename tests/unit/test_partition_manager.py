@@ -156,10 +156,11 @@ async def test_quick_fsync_rounds_run_on_the_event_loop(tmp_path: Path,
     ran_on: list[bool] = []  # per round: on the loop's thread?
     slow = {"s": 0.0}
 
-    def recording(tickets: list[FlushTicket]) -> list[OSError | None]:
+    def recording(tickets: list[FlushTicket]) -> tuple[list[OSError | None], float]:
         ran_on.append(threading.get_ident() == loop_thread)
+        failures, fsync_s = real_run_tickets(tickets)
         time.sleep(slow["s"])
-        return real_run_tickets(tickets)
+        return failures, fsync_s + slow["s"]
 
     real_run_tickets = manager_module._run_tickets
     monkeypatch.setattr(manager_module, "_run_tickets", recording)
@@ -185,3 +186,23 @@ async def test_quick_fsync_rounds_run_on_the_event_loop(tmp_path: Path,
         nursery.cancel_scope.cancel()
     manager.close()
     assert ran_on == [False, True, True, True, False]
+
+
+def test_flush_inline_syncs_now_when_quick_and_leaves_slow_rounds_to_the_flusher(
+        tmp_path: Path) -> None:
+    """A follower calls it right after appending a fetch answer: no flusher task runs here."""
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, DEFAULTS, leader_epoch=0)
+    manager.flush_placement.observe(0.0001)  # fsyncs have been quick
+    info = partition.log.append(_batch(b"v"), leader_epoch=0, now_ms=now_ms())
+    manager.note_append(partition)
+    assert partition.log.flushed_offset <= info.last_offset
+    assert manager.flush_inline()
+    assert partition.log.flushed_offset == info.last_offset + 1
+    assert partition.high_watermark == info.last_offset + 1  # durable: now visible
+    manager.flush_placement.observe(0.5)  # a slow round: the next ones go to the thread
+    info = partition.log.append(_batch(b"w"), leader_epoch=0, now_ms=now_ms())
+    manager.note_append(partition)
+    assert not manager.flush_inline()
+    assert partition.log.flushed_offset <= info.last_offset  # still the flusher's to do
+    manager.close()

@@ -23,7 +23,9 @@ from raftlog.broker.apis import KafkaApis
 from raftlog.client.connection import KafkaConnection
 from raftlog.config import ServerConfig
 from raftlog.metadata.image import MetadataImage
+from raftlog.partition.batch import build_batch
 from raftlog.partition.manager import PartitionManager
+from raftlog.partition.partition import AppendOrigin, now_ms
 from raftlog.partition.segment_files import FileSlice
 from raftlog.protocol import codec
 from raftlog.protocol.codec import Api, Struct
@@ -629,3 +631,35 @@ async def test_small_responses_go_out_in_one_send_big_ones_use_sendfile(
     assert region.fd == -1  # closed either way
     left.close()
     right.close()
+
+
+async def test_a_long_poll_started_after_the_data_came_answers_at_once(tmp_path: Path) -> None:
+    """The writer starts a request's waiting part only when it reaches that request. A Fetch
+    whose first read found nothing, and whose data came before its long poll began, must
+    answer at once: it used to wait for a wake-up already spent, until max_wait_ms."""
+    config = ServerConfig.from_properties({"node.id": "1", "log.dirs": str(tmp_path)})
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, {}, leader_epoch=0)
+    apis = KafkaApis(config, cast(Quorum, SimpleNamespace(image=MetadataImage())), manager)
+    body = {"replica_id": -1, "max_wait_ms": 5000, "min_bytes": 1, "topics": [
+        {"topic": "t", "partitions": [{"partition": 0, "fetch_offset": 0,
+                                       "partition_max_bytes": 1 << 20}]}]}
+    header = codec.RequestHeader(FETCH.key, 11, 1, "unit")
+    context = RequestContext(FETCH, header, codec.decode(FETCH, 11, codec.encode_bytes(
+        FETCH, 11, body, is_request=True), is_request=True), "test", Session("test"))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(manager.run_flusher)
+            deferred = apis.handlers()[FETCH.key](context)
+            assert callable(deferred)  # nothing to read yet: it would wait
+            partition.append(build_batch([(None, b"v", ())], timestamp_ms=now_ms()),
+                             AppendOrigin.CLIENT)
+            assert await partition.wait_high_watermark(1, trio.current_time() + 10)
+            started = trio.current_time()
+            answer = await deferred()
+            assert trio.current_time() - started < 2.5  # not the 5 s of max_wait_ms
+            assert answer is not None
+            assert answer["responses"][0]["partitions"][0]["high_watermark"] == 1
+            nursery.cancel_scope.cancel()
+    finally:
+        manager.close()
