@@ -8,6 +8,7 @@ body is a frozen :class:`Struct`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,8 +151,13 @@ class Api:
         return self.max_version if limit is None else min(limit, self.max_version)
 
     def is_flexible(self, version: int) -> bool:
-        return version in VersionRange.parse(self.flexible)
+        return version in _version_range(self.flexible)
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
 
+
+@functools.cache
+def _version_range(text: str | None) -> VersionRange:
+    """``VersionRange.parse``, once per distinct text (asked twice for every request)."""
+    return VersionRange.parse(text)

@@ -118,7 +118,20 @@ class ConnectionClosed(Exception):
 
 
 class _Receiver(Protocol):
-    async def recv_into(self, view: memoryview, nbytes: int) -> int: ...
+    async def recv_into(self, view: memoryview, nbytes: int, deadline: float) -> int: ...
+
+
+class _TlsReceiver:
+    """A TLS connection's reads, each under the frame's deadline."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: TlsStream) -> None:
+        self._stream = stream
+
+    async def recv_into(self, view: memoryview, nbytes: int, deadline: float) -> int:
+        with trio.fail_at(deadline):
+            return await self._stream.recv_into(view, nbytes)
 
 
 async def serve_connection(
@@ -193,7 +206,7 @@ async def _read_requests(
 ) -> None:
     peer = session.peer
     receiver: _Receiver = (PlainSocket(stream.socket) if isinstance(stream, trio.SocketStream)
-                           else stream)
+                           else _TlsReceiver(stream))
     reader = _FrameReader(receiver, limits, session, memory)
     while True:
         try:
@@ -326,6 +339,7 @@ class _FrameReader:
         self._session = session
         self._memory = memory
         self._waiting_for_memory = False
+        self._deadline = math.inf  # the frame being read must have arrived by then
         # A negative connections.max.idle.ms (the config accepts -1) disables the idle
         # timeout, as in Kafka; trio refuses negative timeouts, so it must become "never".
         idle_ms = limits.idle_ms_max
@@ -347,9 +361,14 @@ class _FrameReader:
         self._memory.recycle(buffer)
 
     async def _read_body_in_time(self, size: int, lease: FrameLease) -> _Frame:
+        # Timeouts are deadlines handed down to the waits: a cancel scope around every
+        # frame cost more than reading it (``raftlog.client.socket_io``).
         self._waiting_for_memory = False
-        with trio.move_on_after(self._idle_s):
+        try:
+            self._deadline = trio.current_time() + self._idle_s
             return await self._read_body(size, lease)
+        except trio.TooSlowError:
+            pass
         if self._waiting_for_memory:
             raise ConnectionClosed(f"no memory for a {size}-byte request within"
                                    f" {self._idle_s:g} s (queued.max.request.bytes)")
@@ -358,10 +377,11 @@ class _FrameReader:
                                f" {self._idle_s:g} s (connections.max.idle.ms)")
 
     async def _next_size(self) -> int | None:
-        with trio.move_on_after(self._idle_s) as idle:
-            prefix = await self._read_prefix()
-        if idle.cancelled_caught:
-            raise ConnectionClosed(f"idle for {self._idle_s:g} s (connections.max.idle.ms)")
+        try:
+            prefix = await self._read_prefix(trio.current_time() + self._idle_s)
+        except trio.TooSlowError:
+            raise ConnectionClosed(
+                f"idle for {self._idle_s:g} s (connections.max.idle.ms)") from None
         if prefix is None:
             return None
         size: int = _SIZE.unpack(prefix)[0]
@@ -376,11 +396,12 @@ class _FrameReader:
                                    f" (limit {pre_auth_max})")
         return size
 
-    async def _read_prefix(self) -> bytearray | None:
+    async def _read_prefix(self, deadline: float) -> bytearray | None:
         prefix = bytearray(4)
         have = 0
         while have < 4:
-            received = await self._sock.recv_into(memoryview(prefix)[have:], 4 - have)
+            received = await self._sock.recv_into(memoryview(prefix)[have:], 4 - have,
+                                                  deadline)
             if received == 0:
                 if have == 0:
                     return None
@@ -423,7 +444,7 @@ class _FrameReader:
     async def _reserve(self, lease: FrameLease, nbytes: int) -> None:
         # Waiting here stops reading this socket: the back-pressure on the peer.
         self._waiting_for_memory = True
-        await lease.grow(nbytes)
+        await lease.grow(nbytes, self._deadline)
         self._waiting_for_memory = False
 
     async def _fill(self, buffer: bytearray, size: int | None = None) -> bytearray:
@@ -432,7 +453,8 @@ class _FrameReader:
         view = memoryview(buffer)
         have = 0
         while have < size:
-            received = await self._sock.recv_into(view[have:size], size - have)
+            received = await self._sock.recv_into(view[have:size], size - have,
+                                                  self._deadline)
             if received == 0:
                 raise ConnectionClosed("peer closed the connection mid-frame")
             have += received
@@ -460,8 +482,7 @@ async def _write_responses(
                 raise ConnectionClosed(f"{slot.api.name} handler failed")
             chunks = _encode_response(slot)
             try:
-                with trio.fail_after(SEND_TIMEOUT_S):
-                    await send_chunks(stream, chunks)
+                await send_chunks(stream, chunks, trio.current_time() + SEND_TIMEOUT_S)
             except EOFError as exc:
                 raise ConnectionClosed(str(exc)) from exc
             if quota is not None:

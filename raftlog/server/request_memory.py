@@ -51,9 +51,10 @@ class FrameLease:
     memory: RequestMemory
     held: int = 0
 
-    async def grow(self, nbytes: int) -> None:
-        """Waits until ``nbytes`` more may be allocated for this frame."""
-        await self.memory.acquire(self, nbytes)
+    async def grow(self, nbytes: int, deadline: float = math.inf) -> None:
+        """Waits until ``nbytes`` more may be allocated for this frame (trio.TooSlowError
+        past ``deadline``)."""
+        await self.memory.acquire(self, nbytes, deadline)
 
     def shrink(self, nbytes: int) -> None:
         self.memory.give_back(self, nbytes, done=False)
@@ -98,7 +99,8 @@ class RequestMemory:
         if len(buffer) == FRAME_BUFFER_BYTES and len(self._spares) < SPARE_BUFFERS_MAX:
             self._spares.append(buffer)
 
-    async def acquire(self, lease: FrameLease, nbytes: int) -> None:
+    async def acquire(self, lease: FrameLease, nbytes: int, deadline: float = math.inf
+                      ) -> None:
         # The lane's frame never queues: the queue may be waiting for exactly that frame.
         if (not self._queue or lease is self._lane) and self._admit(lease, nbytes):
             return
@@ -106,7 +108,8 @@ class RequestMemory:
         self._queue.append(waiter)
         self._log_exhausted()
         try:
-            await waiter.granted.wait()
+            with trio.fail_at(deadline):
+                await waiter.granted.wait()
         except BaseException:
             # Cancelled (a timeout, the connection closing). Bytes granted meanwhile are
             # already in the lease, which its owner releases; otherwise leave the queue,

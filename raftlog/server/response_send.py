@@ -10,6 +10,7 @@ scheduler pass per call (``raftlog.client.socket_io``).
 from __future__ import annotations
 
 import errno
+import math
 import os
 from typing import Protocol
 
@@ -40,18 +41,21 @@ class FileRegion(Region, Protocol):
 
 class PlainSocket:
     """A plaintext connection's socket, read and written without a scheduler pass per call
-    (``raftlog.client.socket_io``); a TLS connection uses its ``TlsStream``."""
+    and with timeouts only around actual waits (``raftlog.client.socket_io``); a TLS
+    connection uses its ``TlsStream``. ``deadline`` bounds ``send_all`` (the form
+    ``send_copying`` calls)."""
 
-    __slots__ = ("socket",)
+    __slots__ = ("deadline", "socket")
 
-    def __init__(self, sock: trio.socket.SocketType) -> None:
+    def __init__(self, sock: trio.socket.SocketType, deadline: float = math.inf) -> None:
         self.socket = sock
+        self.deadline = deadline
 
-    async def recv_into(self, view: memoryview, nbytes: int) -> int:
-        return await socket_io.recv_into(self.socket, view, nbytes)
+    async def recv_into(self, view: memoryview, nbytes: int, deadline: float) -> int:
+        return await socket_io.recv_into(self.socket, view, nbytes, deadline)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await socket_io.send_all(self.socket, data)
+        await socket_io.send_all(self.socket, data, self.deadline)
 
 
 def chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
@@ -62,29 +66,34 @@ def chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
 
 async def send_chunks(
     stream: trio.SocketStream | TlsStream,
-    chunks: list[bytes | bytearray | memoryview | Region]
+    chunks: list[bytes | bytearray | memoryview | Region],
+    deadline: float = math.inf,
 ) -> None:
-    """Sends bytes with send_all and file regions with sendfile, closing every region; EOFError
-    when a region's file is shorter than the region (a truncated segment). Over
-    TLS, and for a response of at most COPIED_RESPONSE_BYTES, the regions are copied into one
-    buffer with the bytes around them (``raftlog.server.tls.send_copying``)."""
+    """Sends bytes with send_all and file regions with sendfile, closing every region, all
+    by ``deadline`` (trio.TooSlowError after it); EOFError when a region's file is shorter
+    than the region (a truncated segment). Over TLS, and for a response of at most
+    COPIED_RESPONSE_BYTES, the regions are copied into one buffer with the bytes around
+    them (``raftlog.server.tls.send_copying``)."""
     pending = bytearray()
     try:
-        if not isinstance(stream, trio.SocketStream) or \
-                sum(chunk_size(c) for c in chunks) <= COPIED_RESPONSE_BYTES:
-            await send_copying(stream if not isinstance(stream, trio.SocketStream)
-                               else PlainSocket(stream.socket), chunks)
+        if not isinstance(stream, trio.SocketStream):
+            with trio.fail_at(deadline):
+                await send_copying(stream, chunks)
+            return
+        sock = stream.socket
+        if sum(chunk_size(c) for c in chunks) <= COPIED_RESPONSE_BYTES:
+            await send_copying(PlainSocket(sock, deadline), chunks)
             return
         for chunk in chunks:
             if isinstance(chunk, bytes | bytearray | memoryview):
                 pending += chunk
                 continue
             if pending:
-                await socket_io.send_all(stream.socket, pending)
+                await socket_io.send_all(sock, pending, deadline)
                 pending = bytearray()
-            await _sendfile(stream, chunk)  # type: ignore[arg-type]
+            await _sendfile(sock, chunk, deadline)  # type: ignore[arg-type]
         if pending:
-            await socket_io.send_all(stream.socket, pending)
+            await socket_io.send_all(sock, pending, deadline)
     finally:
         for chunk in chunks:
             close = getattr(chunk, "close", None)
@@ -92,19 +101,18 @@ async def send_chunks(
                 close()
 
 
-async def _sendfile(stream: trio.SocketStream, region: FileRegion) -> None:
-    sock = stream.socket
+async def _sendfile(sock: trio.socket.SocketType, region: FileRegion, deadline: float) -> None:
     offset = region.position
     remaining = region.size_bytes
     while remaining > 0:
         try:
             sent = os.sendfile(sock.fileno(), region.fd, offset, remaining)
         except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
+            await socket_io.wait_writable(sock, deadline)
             continue
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                await trio.lowlevel.wait_writable(sock)
+                await socket_io.wait_writable(sock, deadline)
                 continue
             raise
         if sent == 0:

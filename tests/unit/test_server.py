@@ -7,6 +7,7 @@ it over a real TCP connection, so the code under test is exactly the broker's.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 from collections.abc import AsyncIterator, Mapping
@@ -49,7 +50,7 @@ from raftlog.server.listener import (
     serve_listener,
 )
 from raftlog.server.request_memory import FRAME_BUFFER_BYTES, FrameLease, RequestMemory
-from raftlog.server.response_send import COPIED_RESPONSE_BYTES
+from raftlog.server.response_send import COPIED_RESPONSE_BYTES, PlainSocket
 
 _SIZE = struct.Struct(">i")
 LIMITS = ListenerLimits(request_bytes_max=1 << 20, idle_ms_max=10_000)
@@ -311,7 +312,8 @@ async def test_oversized_frame_is_refused_without_reading_it() -> None:
     client = await trio.open_tcp_stream("127.0.0.1", port)
     server = await listener.accept()
     limits = ListenerLimits(request_bytes_max=100, idle_ms_max=1000)
-    reader = _FrameReader(server.socket, limits, Session("test"), RequestMemory(1 << 20))
+    reader = _FrameReader(PlainSocket(server.socket), limits, Session("test"),
+                          RequestMemory(1 << 20))
     await client.send_all(_SIZE.pack(101) + b"x" * 50)
     with pytest.raises(ConnectionClosed, match=r"frame of 101 bytes outside \[8, 100\]"):
         await reader.next_frame()
@@ -367,8 +369,9 @@ class PeakMemory(RequestMemory):
 
     peak = 0
 
-    async def acquire(self, lease: FrameLease, nbytes: int) -> None:
-        await super().acquire(lease, nbytes)
+    async def acquire(self, lease: FrameLease, nbytes: int, deadline: float = math.inf
+                      ) -> None:
+        await super().acquire(lease, nbytes, deadline)
         self.peak = max(self.peak, self.used)
 
 
@@ -395,7 +398,8 @@ async def _reader_pair(
     client = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
     server = await listener.accept()
     await listener.aclose()
-    return client, server, _FrameReader(server.socket, limits, Session("test"), memory)
+    reader = _FrameReader(PlainSocket(server.socket), limits, Session("test"), memory)
+    return client, server, reader
 
 
 async def test_a_frame_buffer_grows_as_its_bytes_arrive() -> None:
