@@ -278,7 +278,10 @@ class PartitionManager:
         candidate = partition.leader_high_watermark_candidate(
             now_ms(), self.is_replica_eligible)
         if partition.advance_high_watermark(min(candidate, partition.log.log_end_offset)):
-            self._wake_fetches(partition)
+            # Consumers wait for the HW; followers for appends only (a HW alone never
+            # completes their Fetch: min_bytes is 1), so their long polls sleep on. The
+            # journal entry still has their next answer carry the new HW.
+            self._wake_consumers(partition)
             return True
         return False
 
@@ -289,11 +292,15 @@ class PartitionManager:
             min(leader_high_watermark, partition.log.log_end_offset))
 
     def _wake_fetches(self, partition: Partition) -> None:
+        """Every long poll: consumers' and followers' (a role change, a deletion)."""
+        self._wake_consumers(partition)
+        self._appended.set()
+        self._appended = trio.Event()
+
+    def _wake_consumers(self, partition: Partition) -> None:
         self.changes.note((partition.topic, partition.index))
         self._data_arrived.set()
         self._data_arrived = trio.Event()
-        self._appended.set()
-        self._appended = trio.Event()
 
     async def wait_for_data(self, deadline: float) -> None:
         """Waits until any local high watermark moves, or the deadline."""
@@ -301,7 +308,8 @@ class PartitionManager:
             await self._data_arrived.wait()
 
     async def wait_for_append(self, deadline: float) -> None:
-        """Waits until any local log end or high watermark moves, or the deadline."""
+        """Waits until any local log end moves (or a partition changes role or goes), or
+        the deadline. A high watermark alone does not wake it."""
         with trio.move_on_at(deadline):
             await self._appended.wait()
 

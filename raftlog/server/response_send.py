@@ -1,10 +1,11 @@
 """How the listener writes a response: bytes and file regions, over plaintext or TLS.
 
 A Fetch answer's records are file regions (``FileSlice``: a dup'd fd, a position, a size),
-never decoded by the broker. Big answers go out with ``sendfile``; answers of at most
-``COPIED_RESPONSE_BYTES`` and every answer over TLS are copied into one buffer with the bytes
-around them (``raftlog.server.tls.send_copying``). Plaintext sockets are written without a
-scheduler pass per call (``raftlog.client.socket_io``).
+never decoded by the broker. Big answers go out with ``sendfile``; an answer of at most
+``COPIED_RESPONSE_BYTES`` is one ``send``, its regions read with ``pread`` (a follower's ~1
+KiB answer cost a second syscall and a second TCP segment with sendfile); over TLS every answer
+is copied through one bounded buffer (``raftlog.server.tls.send_copying``). Plaintext sockets
+are written without a scheduler pass per call (``raftlog.client.socket_io``).
 """
 
 from __future__ import annotations
@@ -40,22 +41,17 @@ class FileRegion(Region, Protocol):
 
 
 class PlainSocket:
-    """A plaintext connection's socket, read and written without a scheduler pass per call
-    and with timeouts only around actual waits (``raftlog.client.socket_io``); a TLS
-    connection uses its ``TlsStream``. ``deadline`` bounds ``send_all`` (the form
-    ``send_copying`` calls)."""
+    """A plaintext connection's socket as the listener reads it: without a scheduler pass
+    per call, the timeout only around an actual wait (``raftlog.client.socket_io``). A TLS
+    connection is read through its ``TlsStream``."""
 
-    __slots__ = ("deadline", "socket")
+    __slots__ = ("socket",)
 
-    def __init__(self, sock: trio.socket.SocketType, deadline: float = math.inf) -> None:
+    def __init__(self, sock: trio.socket.SocketType) -> None:
         self.socket = sock
-        self.deadline = deadline
 
     async def recv_into(self, view: memoryview, nbytes: int, deadline: float) -> int:
         return await socket_io.recv_into(self.socket, view, nbytes, deadline)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await socket_io.send_all(self.socket, data, self.deadline)
 
 
 def chunk_size(chunk: bytes | bytearray | memoryview | Region) -> int:
@@ -71,9 +67,10 @@ async def send_chunks(
 ) -> None:
     """Sends bytes with send_all and file regions with sendfile, closing every region, all
     by ``deadline`` (trio.TooSlowError after it); EOFError when a region's file is shorter
-    than the region (a truncated segment). Over TLS, and for a response of at most
-    COPIED_RESPONSE_BYTES, the regions are copied into one buffer with the bytes around
-    them (``raftlog.server.tls.send_copying``)."""
+    than the region (a truncated segment). Over TLS the regions are copied through one
+    bounded buffer with the bytes around them (``raftlog.server.tls.send_copying``); a
+    plaintext response of at most COPIED_RESPONSE_BYTES is read into one buffer and sent
+    at once."""
     pending = bytearray()
     try:
         if not isinstance(stream, trio.SocketStream):
@@ -82,7 +79,7 @@ async def send_chunks(
             return
         sock = stream.socket
         if sum(chunk_size(c) for c in chunks) <= COPIED_RESPONSE_BYTES:
-            await send_copying(PlainSocket(sock, deadline), chunks)
+            await socket_io.send_all(sock, b"".join(_copied(chunks)), deadline)
             return
         for chunk in chunks:
             if isinstance(chunk, bytes | bytearray | memoryview):
@@ -99,6 +96,23 @@ async def send_chunks(
             close = getattr(chunk, "close", None)
             if close is not None and not isinstance(chunk, bytes | bytearray | memoryview):
                 close()
+
+
+def _copied(chunks: list[bytes | bytearray | memoryview | Region]
+            ) -> list[bytes | bytearray | memoryview]:
+    """The chunks as bytes: each file region read with one pread (EOFError when the file is
+    shorter than the region: a truncated segment)."""
+    parts: list[bytes | bytearray | memoryview] = []
+    for chunk in chunks:
+        if isinstance(chunk, bytes | bytearray | memoryview):
+            parts.append(chunk)
+            continue
+        region: FileRegion = chunk  # type: ignore[assignment]
+        data = os.pread(region.fd, region.size_bytes, region.position)
+        if len(data) != region.size_bytes:
+            raise EOFError("file region shorter than expected (segment truncated?)")
+        parts.append(data)
+    return parts
 
 
 async def _sendfile(sock: trio.socket.SocketType, region: FileRegion, deadline: float) -> None:

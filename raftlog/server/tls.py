@@ -17,7 +17,7 @@ import ssl
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import trio
 
@@ -142,14 +142,7 @@ async def _close_quietly(stream: trio.abc.AsyncResource) -> None:
             await stream.aclose()
 
 
-class Sender(Protocol):
-    """What ``send_copying`` sends through: a trio stream, or the listener's plaintext
-    socket sender."""
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
-
-
-async def send_copying(stream: Sender, chunks: Sequence[Any]) -> None:
+async def send_copying(stream: trio.abc.SendStream, chunks: Sequence[Any]) -> None:
     """Sends bytes chunks and file regions (``fd``, ``position``, ``size_bytes``) through one
     buffer of at most COPY_BUFFER_BYTES: regions are read into it with ``os.preadv`` next to
     the bytes around them, and every full buffer is one ``send_all``."""

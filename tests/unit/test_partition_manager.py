@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from raftlog.partition import manager as manager_module
 from raftlog.partition.batch import build_batch
@@ -205,4 +206,34 @@ def test_flush_inline_syncs_now_when_quick_and_leaves_slow_rounds_to_the_flusher
     manager.note_append(partition)
     assert not manager.flush_inline()
     assert partition.log.flushed_offset <= info.last_offset  # still the flusher's to do
+    manager.close()
+
+
+async def test_a_high_watermark_wakes_consumer_long_polls_but_not_follower_ones(
+        tmp_path: Path) -> None:
+    """A follower's Fetch completes on appended bytes only (min_bytes 1): waking it for a HW
+    cost each follower a read for nothing on every replicated produce."""
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, DEFAULTS, leader_epoch=0)
+    manager.flush_placement.observe(0.0001)
+    partition.log.append(_batch(b"v"), leader_epoch=0, now_ms=now_ms())
+    manager.note_append(partition)  # the append itself wakes both kinds
+    woken: dict[str, bool] = {}
+
+    async def wait(kind: str, deadline: float) -> None:
+        if kind == "follower":
+            await manager.wait_for_append(deadline)
+        else:
+            await manager.wait_for_data(deadline)
+        woken[kind] = trio.current_time() < deadline
+
+    deadline = trio.current_time() + 1.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, "follower", deadline)
+        nursery.start_soon(wait, "consumer", deadline)
+        await trio.testing.wait_all_tasks_blocked()
+        before = partition.high_watermark
+        assert manager.flush_inline()  # fsynced: the HW moves
+        assert partition.high_watermark > before
+    assert woken == {"consumer": True, "follower": False}
     manager.close()
