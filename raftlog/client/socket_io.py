@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -33,12 +34,7 @@ async def recv_into(sock: trio.socket.SocketType, view: memoryview, nbytes: int,
         try:
             return os.readv(fd, [view[:nbytes]])
         except BlockingIOError:
-            pass
-        if deadline == math.inf:
-            await trio.lowlevel.wait_readable(sock)
-        else:
-            with trio.fail_at(deadline):
-                await trio.lowlevel.wait_readable(sock)
+            await _wait(trio.lowlevel.wait_readable, sock, deadline)
 
 
 async def send_all(sock: trio.socket.SocketType, data: bytes | bytearray | memoryview,
@@ -57,8 +53,13 @@ async def send_all(sock: trio.socket.SocketType, data: bytes | bytearray | memor
 
 async def wait_writable(sock: trio.socket.SocketType, deadline: float = math.inf) -> None:
     """Until the send buffer has room (TooSlowError past ``deadline``)."""
-    if deadline == math.inf:
-        await trio.lowlevel.wait_writable(sock)
+    await _wait(trio.lowlevel.wait_writable, sock, deadline)
+
+
+async def _wait(wait: Callable[[trio.socket.SocketType], Awaitable[None]],
+                sock: trio.socket.SocketType, deadline: float) -> None:
+    if deadline == math.inf:  # no cancel scope to make and close
+        await wait(sock)
     else:
         with trio.fail_at(deadline):
-            await trio.lowlevel.wait_writable(sock)
+            await wait(sock)

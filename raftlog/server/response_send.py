@@ -37,6 +37,8 @@ class FileRegion(Region, Protocol):
     fd: int
     position: int
 
+    def read_bytes(self) -> bytes: ...
+
     def close(self) -> None: ...
 
 
@@ -100,15 +102,15 @@ async def send_chunks(
 
 def _copied(chunks: list[bytes | bytearray | memoryview | Region]
             ) -> list[bytes | bytearray | memoryview]:
-    """The chunks as bytes: each file region read with one pread (EOFError when the file is
-    shorter than the region: a truncated segment)."""
+    """The chunks as bytes, each file region read whole (``FileSlice.read_bytes``; EOFError
+    when the file is shorter than the region: a truncated segment)."""
     parts: list[bytes | bytearray | memoryview] = []
     for chunk in chunks:
         if isinstance(chunk, bytes | bytearray | memoryview):
             parts.append(chunk)
             continue
         region: FileRegion = chunk  # type: ignore[assignment]
-        data = os.pread(region.fd, region.size_bytes, region.position)
+        data = region.read_bytes()
         if len(data) != region.size_bytes:
             raise EOFError("file region shorter than expected (segment truncated?)")
         parts.append(data)
