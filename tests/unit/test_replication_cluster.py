@@ -387,9 +387,9 @@ async def test_acks_all_waits_for_the_followers(tmp_path: Path) -> None:
         assert nodes[1].partition().high_watermark == 3, "uncommitted data stays invisible"
         # One follower back is not enough: the HW needs every ISR member.
         nodes[1].refused_followers = {3}
-        await trio.sleep(0.5)
+        await eventually(lambda: nodes[2].partition().log.log_end_offset == 9, 60.0)
+        await trio.sleep(0.2)  # a few more fetch rounds from node 2 alone
         assert nodes[1].partition().high_watermark == 3
-        assert nodes[2].partition().log.log_end_offset == 9
         nodes[1].refused_followers = set()
         result = await produce(client, record_batch(3))
         assert result.error_code == 0 and result.base_offset == 9

@@ -193,11 +193,14 @@ async def test_handlers_run_in_arrival_order() -> None:
 
 async def test_back_pressure_bounds_requests_in_flight() -> None:
     release = trio.Event()
+    queue_full = trio.Event()
     calls = 0
 
     def fetch(request: RequestContext) -> HandlerResult:
         nonlocal calls
         calls += 1
+        if calls == INFLIGHT_REQUESTS_MAX:
+            queue_full.set()
         correlation_id = request.header.correlation_id
 
         async def blocked() -> Body:
@@ -211,9 +214,13 @@ async def test_back_pressure_bounds_requests_in_flight() -> None:
     async with serving(with_api_versions({FETCH.key: fetch})) as port:
         client = await Client.connect(port)
         await client.send(b"".join(frame(FETCH, 11, FETCH_BODY, i) for i in range(total)))
-        await trio.sleep(0.3)
+        with trio.fail_after(60):  # a busy machine may take long to read the first 64
+            await queue_full.wait()
+        # Every task parked with no socket event for the cushion: the reader is waiting on the
+        # full response queue, not still on its way through the bytes already sent.
+        await trio.testing.wait_all_tasks_blocked(cushion=0.2)
         # The reader stopped taking requests once the response queue was full.
-        assert INFLIGHT_REQUESTS_MAX <= calls <= INFLIGHT_REQUESTS_MAX + 2, calls
+        assert calls <= INFLIGHT_REQUESTS_MAX + 2, calls
         release.set()
         for i in range(total):
             assert (await client.response(FETCH, 11, i)).session_id == i
