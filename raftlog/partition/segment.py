@@ -20,9 +20,11 @@ serialises access. Only dup'd fds (FileSlice, flush tickets) leave this class.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -56,6 +58,12 @@ logger = logging.getLogger(__name__)
 # Header scans pread this much at a time: one syscall then covers every header of a run of
 # small batches, and costs the same as a 61-byte read for large ones.
 _SCAN_WINDOW_BYTES = 4096
+
+# How many of the newest batches a segment remembers (position and header). A follower, and a
+# consumer that keeps up, reads from where the previous append ended: remembering the last
+# few batches answers that read without the two preads and header parses of a scan from the
+# last index entry (about 20 us per follower fetch, two fetches per replicated produce).
+RECENT_BATCHES_MAX: Final = 8
 
 # Appends go to the end whatever the file offset (reads are preads); read-write for ftruncate.
 _LOG_FILE_FLAGS: Final = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
@@ -102,6 +110,9 @@ class Segment:
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_index_entry = 0
         self._timestamps = TimestampSearch()  # ListOffsets by timestamp, record-level
+        # The newest batches, back to back and ending at ``size_bytes`` (see
+        # RECENT_BATCHES_MAX); only ``_track_batch`` adds and ``_reset_indexes`` clears.
+        self._recent: deque[tuple[int, BatchHeader]] = deque(maxlen=RECENT_BATCHES_MAX)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -217,6 +228,7 @@ class Segment:
         self.index.write(self.index_path)
         self.time_index.write(self.time_index_path)
         self.sealed = True
+        self._recent.clear()  # readers of sealed segments are rare; keep memory per active one
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -315,6 +327,7 @@ class Segment:
         self._bytes_since_index_entry += header.size_bytes
         self.next_offset = header.next_offset
         self.size_bytes = position + header.size_bytes
+        self._recent.append((position, header))
 
     # --- open / recovery -------------------------------------------------------------------
 
@@ -410,6 +423,7 @@ class Segment:
         self.max_timestamp_ms = -1
         self._offset_of_max_timestamp = self.base_offset
         self._bytes_since_index_entry = 0
+        self._recent.clear()
         self.sealed = False
 
     def _read_checked_batch(
@@ -492,23 +506,32 @@ class Segment:
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the batch containing ``offset``; None past the end."""
+        return next(iter(self._batches_from(offset)), None)
+
+    def _batches_from(self, offset: int) -> Iterable[tuple[int, BatchHeader]]:
+        """(position, header) of the batch containing ``offset`` (or the first after it:
+        compaction leaves gaps) and of every later one, from memory when the remembered
+        newest batches reach back to ``offset``, else from the file."""
+        recent = self._recent
+        if recent and recent[0][1].base_offset <= offset:
+            # Every earlier batch ends below recent[0]'s base offset, so below ``offset``.
+            for slot, (_, header) in enumerate(recent):
+                if header.last_offset >= offset:
+                    return itertools.islice(recent, slot, None)
+            return ()
         _, position = self.index.lookup(offset)
-        for batch_position, header in self.iter_headers(position):
-            if header.last_offset >= offset:
-                return batch_position, header
-        return None
+        return itertools.dropwhile(lambda batch: batch[1].last_offset < offset,
+                                   self.iter_headers(position))
 
     def read(
         self, offset: int, max_bytes: int, *, max_offset: int | None, min_one_batch: bool
     ) -> FileSlice | None:
         """Whole batches from the one containing ``offset``: at most ``max_bytes`` (except a
         first batch when ``min_one_batch``, KIP-74), none with base offset >= ``max_offset``."""
-        found = self.find_batch(offset)
-        if found is None:
-            return None
-        start, _ = found
-        end = start
-        for position, header in self.iter_headers(start):
+        start = end = -1
+        for position, header in self._batches_from(offset):
+            if start < 0:
+                start = end = position
             if max_offset is not None and header.base_offset >= max_offset:
                 break
             batch_end = position + header.size_bytes
