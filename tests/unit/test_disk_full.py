@@ -388,7 +388,7 @@ async def test_failed_fsync_takes_the_partition_offline_not_the_node(
         nursery.start_soon(manager.run_flusher)
         ok = await call(apis.produce_apis.produce, produce_request(batch(0)))
         assert ok.responses[0].partition_responses[0].error_code == 0
-        fsync = FailingOs(errno.EIO, failing=("fsync",))
+        fsync = FailingOs(errno.EIO, failing=("fsync", "fdatasync"))
         monkeypatch.setattr(raftlog.partition.log_flush, "os", fsync)
 
         # acks=all waits for an fsync that fails: answered at once, not after the timeout.
