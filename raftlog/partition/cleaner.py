@@ -533,9 +533,9 @@ def write_cleaned_segment(directory: Path, sources: Sequence[CleanSource],
         if cleaned.next_offset != end:
             raise CorruptRecordError(f"cleaned segment {base} ends at {cleaned.next_offset}, "
                                      f"expected {end}")
+        cleaned.seal()  # first: it cuts off the preallocated tail, which the fsync makes durable
         cleaned.fsync()
         cleaned.flushed_size_bytes = cleaned.size_bytes
-        cleaned.seal()
         cleaned.write_txn_index(b"".join(source.txn_index for source in sources[:used]))
     except BaseException:
         cleaned.delete()

@@ -72,6 +72,17 @@ class FailingOs:
         self.free_bytes -= written
         return written
 
+    def pwrite(self, fd: int, data: Any, position: int) -> int:
+        if "write" in self.failing:
+            raise self._fail()
+        if self.free_bytes is None:
+            return os.pwrite(fd, data, position)
+        if self.free_bytes <= 0:
+            raise self._fail()
+        written = os.pwrite(fd, bytes(memoryview(data)[:self.free_bytes]), position)
+        self.free_bytes -= written
+        return written
+
     def __getattr__(self, name: str) -> Any:
         if name in self.failing:
             def fail(*args: Any, **kwargs: Any) -> Any:
@@ -238,7 +249,11 @@ def test_a_cut_off_that_fails_too_takes_the_log_offline_until_recovery(
     assert log.offline_reason is not None and "EIO" in log.offline_reason
     [line] = errors_about(caplog, "t-0")
     assert "offline" in line and "EIO" in line and "cutting off" in line
-    assert len(segment_bytes(log)) == len(before) + 50  # torn bytes the log does not index
+    # Torn bytes the log does not index, then only the preallocated (zero) tail.
+    on_disk = segment_bytes(log)
+    assert on_disk[:len(before)] == before
+    assert on_disk[len(before):len(before) + 50].strip(b"\0")
+    assert not on_disk[len(before) + 50:].strip(b"\0")
 
     # Even with the disk healthy again, nothing is appended after the torn bytes...
     disk.free_bytes = None
@@ -256,7 +271,7 @@ def test_a_cut_off_that_fails_too_takes_the_log_offline_until_recovery(
     caplog.clear()
     caplog.set_level(logging.WARNING)
     reopened = open_log(tmp_path)  # recovery cuts the torn tail off
-    assert "dropping 50 bytes" in caplog.text
+    assert f"bytes after position {len(before)}" in caplog.text  # a warning: not just zeros
     assert reopened.log_end_offset == 8
     assert stored(reopened) == before
     assert reopened.append(batch(8), leader_epoch=0, now_ms=T0).base_offset == 8

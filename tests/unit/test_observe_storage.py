@@ -10,6 +10,7 @@ scrape of 1,000 partitions stays cheap. Method: a real ``PartitionManager`` and
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -96,9 +97,20 @@ async def produce(partition: Partition, records: bytes) -> int:
 
 
 def log_file_bytes(directory: Path) -> tuple[int, int]:
-    """(bytes, count) of the segment data files in a partition directory."""
+    """(bytes, count) of the batches in the segment data files of a partition directory: up
+    to the first zero batch length, where an active segment's preallocated tail begins."""
     files = list(directory.glob("*.log"))
-    return sum(f.stat().st_size for f in files), len(files)
+    return sum(_batch_bytes(f.read_bytes()) for f in files), len(files)
+
+
+def _batch_bytes(data: bytes) -> int:
+    position = 0
+    while position + 12 <= len(data):
+        (length,) = struct.unpack_from(">i", data, position + 8)
+        if length <= 0:
+            break
+        position += 12 + length
+    return position
 
 
 FLUSH = "kafka_log_logflushstats_logflushrateandtimems"
