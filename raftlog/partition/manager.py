@@ -346,6 +346,9 @@ class PartitionManager:
                 return
         started = time.perf_counter()
         tickets = self._begin_round()
+        if not tickets:  # e.g. data another round already synced: no thread hop for nothing
+            self._finish_round(tickets, [], 0.0, started)
+            return
         failures, fsync_s = await trio.to_thread.run_sync(_run_tickets,
                                                           [t for _, t in tickets])
         self._finish_round(tickets, failures, fsync_s, started)

@@ -189,6 +189,37 @@ async def test_quick_fsync_rounds_run_on_the_event_loop(tmp_path: Path,
     assert ran_on == [False, True, True, True, False]
 
 
+async def test_a_round_with_nothing_to_sync_skips_the_worker_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition marked dirty whose data was synced meanwhile yields no ticket: the round
+    used to hand an empty list to a worker thread and back."""
+    handed: list[int] = []
+
+    def recording(tickets: list[FlushTicket]) -> tuple[list[OSError | None], float]:
+        handed.append(len(tickets))
+        return real_run_tickets(tickets)
+
+    real_run_tickets = manager_module._run_tickets
+    monkeypatch.setattr(manager_module, "_run_tickets", recording)
+    manager = PartitionManager(tmp_path, node_id=1)
+    partition = manager.ensure_partition("t", 0, DEFAULTS, leader_epoch=0)
+    partition.log.append(_batch(b"v"), leader_epoch=0, now_ms=now_ms())
+    ticket = partition.log.begin_flush()
+    assert ticket is not None
+    ticket.run()
+    partition.log.complete_flush(ticket)
+    manager.note_append(partition)  # dirty, with nothing left to sync
+    assert not manager.flush_placement.inline(1)  # a new node's first round: a thread
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(manager.run_flusher)
+        with trio.fail_after(10):
+            while manager.flush_rounds == 0:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    manager.close()
+    assert handed == []
+
+
 def test_flush_inline_syncs_now_when_quick_and_leaves_slow_rounds_to_the_flusher(
         tmp_path: Path) -> None:
     """A follower calls it right after appending a fetch answer: no flusher task runs here."""
