@@ -17,6 +17,7 @@ from raftlog.partition import files
 from raftlog.partition.batch import build_batch
 from raftlog.partition.files import PREALLOCATE_BYTES_MIN
 from raftlog.partition.log import LogConfig, PartitionLog
+from tests.unit.test_partition_log import flush, read_all
 
 T0 = 1_700_000_000_000
 
@@ -29,16 +30,8 @@ def open_log(directory: Path, **settings: int) -> PartitionLog:
     return PartitionLog.open(directory, LogConfig(**settings), T0)  # type: ignore[arg-type]
 
 
-def flush(log: PartitionLog) -> None:
-    ticket = log.begin_flush()
-    if ticket is not None:
-        ticket.run()
-        log.complete_flush(ticket)
-
-
 def stored(log: PartitionLog) -> bytes:
-    with log.read(log.log_start_offset, 1 << 30) as result:
-        return result.read_bytes()
+    return read_all(log, log.log_start_offset)
 
 
 def test_the_file_runs_ahead_of_the_data_until_closed(tmp_path: Path) -> None:
