@@ -75,7 +75,6 @@ RECENT_BATCHES_MAX: Final = 8
 _LOG_FILE_FLAGS: Final = os.O_RDWR | os.O_CLOEXEC
 
 
-
 class Segment:
     """A ``.log`` file of batches starting at ``base_offset``, with sparse indexes.
 
