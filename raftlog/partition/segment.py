@@ -307,8 +307,9 @@ class Segment:
         assert headers and headers[0].base_offset >= self.next_offset, "offsets must increase"
         start = self.size_bytes
         fd = self._fd
-        self.allocated_bytes = preallocate(fd, self.size_bytes, self.allocated_bytes,
-                                           start + len(buf))
+        end = start + len(buf)
+        if end > self.allocated_bytes:  # once per chunk, not a call per append
+            self.allocated_bytes = preallocate(fd, start, self.allocated_bytes, end)
         try:
             pwrite_all(fd, buf, start)
         except OSError as error:

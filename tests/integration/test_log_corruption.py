@@ -11,7 +11,6 @@ right value, and the replicas' logs end up byte-identical with every batch's CRC
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from raftlog.partition.batch import check_batch
 from tests.integration.cluster_harness import Cluster, running_cluster, wait_for, wait_until
 from tests.integration.helpers import unique_topic
+from tests.segment_bytes import stored_bytes
 
 RECORDS = 1500
 SEGMENT_BYTES = 16 * 1024
@@ -104,23 +104,8 @@ def _consume_all(cluster: Cluster, topic: str) -> list[bytes]:
 
 
 def _log_bytes(cluster: Cluster, node_id: int, topic: str) -> bytes:
-    return b"".join(_batch_bytes(path.read_bytes())
+    return b"".join(stored_bytes(path.read_bytes())
                     for path in _segments(_partition_dir(cluster, node_id, topic)))
-
-
-def _batch_bytes(data: bytes) -> bytes:
-    """The batches of a segment file, without the zero tail a live node's active segment is
-    allocated ahead with (``raftlog.partition.files.preallocate``): up to the first zero
-    batch length."""
-    position = 0
-    while position + 12 <= len(data):
-        (length,) = struct.unpack_from(">i", data, position + 8)
-        if length == 0:
-            break
-        if length < 0:
-            return data  # damage: compare it as it is
-        position += 12 + length
-    return data[:position] if position < len(data) else data
 
 
 def _all_crcs_valid(data: bytes) -> bool:

@@ -62,26 +62,22 @@ class FailingOs:
         return OSError(self.error, os.strerror(self.error))
 
     def write(self, fd: int, data: Any) -> int:
-        if "write" in self.failing:
-            raise self._fail()
-        if self.free_bytes is None:
-            return os.write(fd, data)
-        if self.free_bytes <= 0:
-            raise self._fail()
-        written = os.write(fd, bytes(memoryview(data)[:self.free_bytes]))
-        self.free_bytes -= written
-        return written
+        return os.write(fd, self._allowed(data))
 
     def pwrite(self, fd: int, data: Any, position: int) -> int:
+        return os.pwrite(fd, self._allowed(data), position)
+
+    def _allowed(self, data: Any) -> Any:
+        """What still fits of ``data`` (counted as written), or the error."""
         if "write" in self.failing:
             raise self._fail()
         if self.free_bytes is None:
-            return os.pwrite(fd, data, position)
+            return data
         if self.free_bytes <= 0:
             raise self._fail()
-        written = os.pwrite(fd, bytes(memoryview(data)[:self.free_bytes]), position)
-        self.free_bytes -= written
-        return written
+        allowed = bytes(memoryview(data)[:self.free_bytes])
+        self.free_bytes -= len(allowed)
+        return allowed
 
     def __getattr__(self, name: str) -> Any:
         if name in self.failing:

@@ -10,7 +10,6 @@ scrape of 1,000 partitions stays cheap. Method: a real ``PartitionManager`` and
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -34,6 +33,7 @@ from raftlog.partition.partition import Partition, now_ms
 from raftlog.quorum.interface import Quorum
 from raftlog.quorum.local import LocalNode, LocalQuorum
 from raftlog.replication.manager import ReplicaManager
+from tests.segment_bytes import stored_bytes
 
 WAIT_S = 60.0
 # Durable acks (the default): a produce is acknowledged once a flush round fsynced it.
@@ -100,17 +100,7 @@ def log_file_bytes(directory: Path) -> tuple[int, int]:
     """(bytes, count) of the batches in the segment data files of a partition directory: up
     to the first zero batch length, where an active segment's preallocated tail begins."""
     files = list(directory.glob("*.log"))
-    return sum(_batch_bytes(f.read_bytes()) for f in files), len(files)
-
-
-def _batch_bytes(data: bytes) -> int:
-    position = 0
-    while position + 12 <= len(data):
-        (length,) = struct.unpack_from(">i", data, position + 8)
-        if length <= 0:
-            break
-        position += 12 + length
-    return position
+    return sum(len(stored_bytes(f.read_bytes())) for f in files), len(files)
 
 
 FLUSH = "kafka_log_logflushstats_logflushrateandtimems"
