@@ -226,3 +226,26 @@ def test_uuid_fields() -> None:
     api = Api(99, "X", 0, 0, "none", [Field("id", "uuid")], [])
     raw = codec.encode_bytes(api, 0, {"id": value}, is_request=True)
     assert codec.decode(api, 0, raw).id == value
+
+
+def test_decoded_struct_fields_are_plain_attributes_and_immutable() -> None:
+    # The values are the instance dict: field access is ordinary attribute lookup, with no
+    # __getattr__ fallback (0.76 us an access on the hot path, against 0.03 us).
+    assert "__getattr__" not in vars(Struct)
+    values = {"acks": -1, "topic_data": ()}
+    body = Struct(values)
+    assert body.acks == -1 and body["acks"] == -1 and body.get("missing", 7) == 7
+    assert vars(body) is values
+    with pytest.raises(AttributeError):
+        _ = body.missing
+    with pytest.raises(AttributeError, match="immutable"):
+        body.acks = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="immutable"):
+        del body.acks
+    assert body == Struct({"acks": -1, "topic_data": ()}) and body.to_dict()["acks"] == -1
+
+
+@pytest.mark.parametrize("name", ["get", "replace", "to_dict", "_values"])
+def test_a_field_may_not_shadow_a_struct_method(name: str) -> None:
+    with pytest.raises(ValueError, match="shadow"):
+        Field(name, "int32")
