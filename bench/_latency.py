@@ -69,6 +69,8 @@ class Options:
     scenarios: list[Scenario]
     one_at_a_time_records: int
     trace: bool = False  # trace.produce.enable on the raftlog nodes; stage lines per scenario
+    # --topic-config: over the bench's topic config (a diagnostic run: targets not judged)
+    topic_config: dict[str, str] = field(default_factory=dict)
 
 
 # -- what one run records --------------------------------------------------------------------
@@ -247,6 +249,10 @@ def report(options: Options, runs: Sequence[LatencyRun]) -> dict[str, Any]:
                 ratios[key] = ours[metric] / theirs[metric] if theirs[metric] > 0 else math.nan
                 print(f"{key}: {ratios[key]:.2f}")
     print()
+    if options.topic_config:
+        print("targets not judged: a diagnostic run (--topic-config "
+              + ", ".join(f"{k}={v}" for k, v in options.topic_config.items()) + ")")
+        return {"table": table, "ratios": ratios, "targets": targets}
     for scenario in options.scenarios:
         if scenario.nats == "1mb":
             ratio = ratios.get(f"raftlog/NATS p99 {scenario.where}", math.nan)

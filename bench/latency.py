@@ -81,6 +81,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
                         help="comma-separated, of " + ", ".join(s.name for s in SCENARIOS))
     parser.add_argument("--one-at-a-time-records", type=int, default=1000,
                         help="counted records of the one-at-a-time scenario (at least 500)")
+    parser.add_argument("--topic-config", action="append", default=[], metavar="K=V",
+                        help="a topic config of the raftlog topic, over the bench's own (a "
+                             "diagnostic: e.g. flush.messages=1000000000 and flush.ms="
+                             "1000000000 ack without fsync, to split fsync from CPU; the "
+                             "targets are then not judged)")
     parser.add_argument("--trace", action="store_true",
                         help="raftlog nodes time each replication stage (trace.produce.enable)"
                              " and the stage percentiles of each scenario are printed")
@@ -93,9 +98,15 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         parser.error("--duration and --repeats must be positive, --warmup not negative")
     if args.one_at_a_time_records < 500:
         parser.error("--one-at-a-time-records must be at least 500")
+    topic_config: dict[str, str] = {}
+    for item in args.topic_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--topic-config: K=V expected, got {item!r}")
+        topic_config[key] = value
     chosen = [s for s in SCENARIOS if s.name in names]  # in the table's order
     return Options(args.duration, args.warmup, args.repeats, args.json, args.skip_nats, chosen,
-                   args.one_at_a_time_records, args.trace)
+                   args.one_at_a_time_records, args.trace, topic_config)
 
 
 # -- one run --------------------------------------------------------------------------------------
@@ -266,9 +277,17 @@ def header(options: Options, env: dict[str, Any]) -> str:
             f"per rate after {options.warmup_s:g} s of warm-up, "
             f"{options.one_at_a_time_records} one at a time, {options.repeats} repeat(s), "
             f"scenarios {','.join(s.name for s in options.scenarios)}"
-            f"{' (NATS skipped)' if options.skip_nats else ''}; {env['cpus']} CPUs, load avg "
+            f"{' (NATS skipped)' if options.skip_nats else ''}"
+            f"{_diagnostic(options)}; {env['cpus']} CPUs, load avg "
             f"{env['loadavg_at_start'][0]:.2f}; confluent-kafka {env['confluent_kafka']} "
             f"(librdkafka {env['librdkafka']}), nats-py {env['nats_py']}, {env['nats_server']}")
+
+
+def _diagnostic(options: Options) -> str:
+    if not options.topic_config:
+        return ""
+    given = ", ".join(f"{k}={v}" for k, v in options.topic_config.items())
+    return f" (DIAGNOSTIC, topic config {given}: the targets are not judged)"
 
 
 def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
@@ -287,6 +306,9 @@ def run_all(options: Options, runs: list[LatencyRun], errors: list[str]) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
+    import _latency_clients as clients
+
+    clients.TOPIC_CONFIG = {**clients.TOPIC_CONFIG, **options.topic_config}
     problem = check_prerequisites()
     if problem is not None:
         print(f"cannot run the benchmark: {problem}", file=sys.stderr)
