@@ -73,6 +73,14 @@ class Options:
     topic_config: dict[str, str] = field(default_factory=dict)
 
 
+def diagnostic(options: Options) -> str:
+    """What makes this a diagnostic run ("" for a normal one)."""
+    if not options.topic_config:
+        return ""
+    given = ", ".join(f"{k}={v}" for k, v in options.topic_config.items())
+    return f"a diagnostic run, topic config {given}"
+
+
 # -- what one run records --------------------------------------------------------------------
 
 
@@ -250,8 +258,7 @@ def report(options: Options, runs: Sequence[LatencyRun]) -> dict[str, Any]:
                 print(f"{key}: {ratios[key]:.2f}")
     print()
     if options.topic_config:
-        print("targets not judged: a diagnostic run (--topic-config "
-              + ", ".join(f"{k}={v}" for k, v in options.topic_config.items()) + ")")
+        print(f"targets not judged: {diagnostic(options)}")
         return {"table": table, "ratios": ratios, "targets": targets}
     for scenario in options.scenarios:
         if scenario.nats == "1mb":

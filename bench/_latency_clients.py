@@ -44,10 +44,12 @@ PRODUCER_CONFIG: dict[str, Any] = {
 }
 
 
-def create_topic(cluster: RaftlogCluster, timeout_s: float = 30.0) -> None:
-    """1 partition, replication factor 3, min.insync.replicas=2; waits for a full ISR."""
+def create_topic(cluster: RaftlogCluster, timeout_s: float = 30.0,
+                 config: dict[str, str] | None = None) -> None:
+    """1 partition, replication factor 3, min.insync.replicas=2 (``config`` over that);
+    waits for a full ISR."""
     admin = cluster.admin()
-    new = NewTopic(TOPIC, 1, 3, config=TOPIC_CONFIG)
+    new = NewTopic(TOPIC, 1, 3, config={**TOPIC_CONFIG, **(config or {})})
     admin.create_topics([new], request_timeout=15)[TOPIC].result(timeout=timeout_s)
     wait_until(lambda: partitions_ready(admin, TOPIC, 1, 3), timeout_s,
                f"{TOPIC} to get a leader and a full ISR")

@@ -57,6 +57,7 @@ from _latency import (
     Options,
     Recorder,
     Scenario,
+    diagnostic,
     nats_runs,
     report,
 )
@@ -176,7 +177,7 @@ def run_raftlog(options: Options, workdir: Path, repeat: int, payload: bytes,
     cluster = RaftlogCluster(workdir / "cluster", **TRACE_CLUSTER if options.trace else {})
     try:
         cluster.up()
-        clients.create_topic(cluster)
+        clients.create_topic(cluster, config=options.topic_config)
         pids = {f"node{n}": pid for n, pid in cluster.node_pids().items()}
         for scenario in options.scenarios:
             send = raftlog_send(options, cluster.bootstrap, scenario, payload)
@@ -264,11 +265,12 @@ def run_nats(options: Options, workdir: Path, repeat: int, payload: bytes,
 # -- the whole benchmark ----------------------------------------------------------------------
 
 
-def environment() -> dict[str, Any]:
+def environment(options: Options) -> dict[str, Any]:
     import _latency_clients as clients
 
     return {**common_environment(), "producer_config": clients.PRODUCER_CONFIG,
-            "topic_config": clients.TOPIC_CONFIG, "record_bytes": RECORD_BYTES}
+            "topic_config": {**clients.TOPIC_CONFIG, **options.topic_config},
+            "record_bytes": RECORD_BYTES}
 
 
 def header(options: Options, env: dict[str, Any]) -> str:
@@ -278,16 +280,10 @@ def header(options: Options, env: dict[str, Any]) -> str:
             f"{options.one_at_a_time_records} one at a time, {options.repeats} repeat(s), "
             f"scenarios {','.join(s.name for s in options.scenarios)}"
             f"{' (NATS skipped)' if options.skip_nats else ''}"
-            f"{_diagnostic(options)}; {env['cpus']} CPUs, load avg "
+            f"{f' (DIAGNOSTIC: {diagnostic(options)})' if options.topic_config else ''}"
+            f"; {env['cpus']} CPUs, load avg "
             f"{env['loadavg_at_start'][0]:.2f}; confluent-kafka {env['confluent_kafka']} "
             f"(librdkafka {env['librdkafka']}), nats-py {env['nats_py']}, {env['nats_server']}")
-
-
-def _diagnostic(options: Options) -> str:
-    if not options.topic_config:
-        return ""
-    given = ", ".join(f"{k}={v}" for k, v in options.topic_config.items())
-    return f" (DIAGNOSTIC, topic config {given}: the targets are not judged)"
 
 
 def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
@@ -306,15 +302,12 @@ def run_all(options: Options, runs: list[LatencyRun], errors: list[str]) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    import _latency_clients as clients
-
-    clients.TOPIC_CONFIG = {**clients.TOPIC_CONFIG, **options.topic_config}
     problem = check_prerequisites()
     if problem is not None:
         print(f"cannot run the benchmark: {problem}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    env = environment()
+    env = environment(options)
     print(header(options, env), flush=True)
     runs: list[LatencyRun] = []
     errors: list[str] = []

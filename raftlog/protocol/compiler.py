@@ -199,7 +199,7 @@ _MISSING = object()
 
 def _getter(value: Any) -> Callable[[str], Any]:
     if isinstance(value, Struct):
-        values = value._values
+        values = vars(value)
         return lambda name: values.get(name, _MISSING)
     if isinstance(value, Mapping):
         return lambda name: value.get(name, _MISSING)

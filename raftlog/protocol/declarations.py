@@ -50,13 +50,14 @@ class Struct:
     attribute lookup. A ``__getattr__`` over a private dict (the earlier design) cost 0.76 us
     an access against 0.03 us: the failed normal lookup raised an AttributeError first, on
     every field of every request. Field names therefore must not shadow the methods below
-    (``FIELD_NAMES_RESERVED``; the compiler refuses such a schema)."""
+    (``FIELD_NAMES_RESERVED``: ``Field`` refuses such a name when it is declared)."""
 
     def __init__(self, values: dict[str, Any]) -> None:
         object.__setattr__(self, "__dict__", values)
 
     @property
     def _values(self) -> dict[str, Any]:
+        """The decoded values (the instance dict; Struct's own methods read it directly)."""
         return self.__dict__
 
     if TYPE_CHECKING:  # for the type checker only: at run time a missing field is the
@@ -70,27 +71,27 @@ class Struct:
         raise AttributeError("Struct is immutable")
 
     def __getitem__(self, name: str) -> Any:
-        return self._values[name]
+        return self.__dict__[name]
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self._values.get(name, default)
+        return self.__dict__.get(name, default)
 
     def replace(self, **changes: Any) -> Struct:
         """A copy with ``changes`` (decoded values: nested structs, tuples) in place."""
-        return Struct({**self._values, **changes})
+        return Struct({**self.__dict__, **changes})
 
     def to_dict(self) -> dict[str, Any]:
         """A deep, mutable copy (structs become dicts, tuples become lists)."""
-        return {key: _unfreeze(value) for key, value in self._values.items()}
+        return {key: _unfreeze(value) for key, value in self.__dict__.items()}
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Struct) and self._values == other._values
+        return isinstance(other, Struct) and self.__dict__ == other.__dict__
 
     def __hash__(self) -> int:
-        return hash(tuple(self._values.items()))
+        return hash(tuple(self.__dict__.items()))
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{key}={value!r}" for key, value in self._values.items())
+        inner = ", ".join(f"{key}={value!r}" for key, value in self.__dict__.items())
         return f"Struct({inner})"
 
 

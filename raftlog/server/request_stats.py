@@ -110,7 +110,7 @@ def count_error_codes(body: Any, counts: dict[int, int]) -> None:
     ``counts``. Records (bytes or file regions) are never looked into, and a list is walked
     only when it holds structs (Kafka's arrays are homogeneous). Exact type checks, not
     isinstance: this runs once per response."""
-    values = body._values if type(body) is Struct else body
+    values = vars(body) if type(body) is Struct else body
     code = values.get("error_code")
     if code is not None:
         counts[code] = counts.get(code, 0) + 1
